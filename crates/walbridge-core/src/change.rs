@@ -1,0 +1,121 @@
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::lsn::Lsn;
+use crate::relation::Relation;
+use crate::value::Row;
+
+/// Which old-row image an UPDATE or DELETE carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OldRowKind {
+    /// Only the replica-identity columns are meaningful (other columns are null).
+    Key,
+    /// Every column (REPLICA IDENTITY FULL).
+    Full,
+}
+
+/// The old image of a row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OldRow {
+    /// Key columns only, or the full row.
+    pub kind: OldRowKind,
+    /// The values, one per relation column.
+    pub row: Row,
+}
+
+/// TRUNCATE options as the publisher ran them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TruncateOptions {
+    /// `CASCADE` was given.
+    pub cascade: bool,
+    /// `RESTART IDENTITY` was given.
+    pub restart_identity: bool,
+}
+
+/// A TRUNCATE of one or more published tables, as one statement.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Truncate {
+    /// Position of the change in the WAL.
+    pub lsn: Lsn,
+    /// Every truncated table that is published.
+    pub relations: Vec<Arc<Relation>>,
+    /// The statement's options.
+    pub options: TruncateOptions,
+}
+
+/// A logical decoding message (`pg_logical_emit_message`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogicalMessage {
+    /// Position of the message in the WAL.
+    pub lsn: Lsn,
+    /// True when emitted as part of a transaction.
+    pub transactional: bool,
+    /// The prefix the emitter chose.
+    pub prefix: String,
+    /// The message body.
+    pub content: Bytes,
+}
+
+/// One change inside a committed transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// An INSERT.
+    Insert {
+        /// Position of the change in the WAL.
+        lsn: Lsn,
+        /// The table, as described when the change was made.
+        relation: Arc<Relation>,
+        /// The new row.
+        new: Row,
+    },
+    /// An UPDATE.
+    Update {
+        /// Position of the change in the WAL.
+        lsn: Lsn,
+        /// The table, as described when the change was made.
+        relation: Arc<Relation>,
+        /// The old row: absent unless the identity is FULL or the key changed.
+        old: Option<OldRow>,
+        /// The new row; columns may be [`crate::Datum::UnchangedToast`].
+        new: Row,
+    },
+    /// A DELETE.
+    Delete {
+        /// Position of the change in the WAL.
+        lsn: Lsn,
+        /// The table, as described when the change was made.
+        relation: Arc<Relation>,
+        /// The deleted row's identity (key columns or the full row).
+        old: OldRow,
+    },
+    /// A TRUNCATE.
+    Truncate(Truncate),
+    /// A transactional logical decoding message.
+    Message(LogicalMessage),
+}
+
+impl Change {
+    /// The WAL position of the change.
+    pub fn lsn(&self) -> Lsn {
+        match self {
+            Change::Insert { lsn, .. } | Change::Update { lsn, .. } | Change::Delete { lsn, .. } => *lsn,
+            Change::Truncate(t) => t.lsn,
+            Change::Message(m) => m.lsn,
+        }
+    }
+
+    /// An estimate of the memory the change holds, used for spill decisions.
+    pub fn approximate_size(&self) -> usize {
+        const OVERHEAD: usize = 64;
+        let row = |r: &Row| r.iter().map(|d| d.len() + 24).sum::<usize>();
+        OVERHEAD
+            + match self {
+                Change::Insert { new, .. } => row(new),
+                Change::Update { old, new, .. } => row(new) + old.as_ref().map_or(0, |o| row(&o.row)),
+                Change::Delete { old, .. } => row(&old.row),
+                Change::Truncate(t) => t.relations.len() * 8,
+                Change::Message(m) => m.prefix.len() + m.content.len(),
+            }
+    }
+}

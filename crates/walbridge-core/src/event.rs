@@ -1,0 +1,74 @@
+use std::sync::Arc;
+
+use crate::change::{Change, LogicalMessage};
+use crate::lsn::Lsn;
+use crate::relation::Relation;
+use crate::time::PgTimestamp;
+use crate::value::Row;
+
+/// The replication origin a transaction was applied under on the publisher
+/// (it was itself replicated from elsewhere).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Origin {
+    /// The origin's name.
+    pub name: String,
+    /// The commit position on the origin's own server.
+    pub lsn: Lsn,
+}
+
+/// What is known about a committed transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransactionInfo {
+    /// Top-level transaction id on the publisher.
+    pub xid: u32,
+    /// Position of the commit record.
+    pub commit_lsn: Lsn,
+    /// Position just past the commit record: the value to confirm once the
+    /// transaction is durable downstream.
+    pub end_lsn: Lsn,
+    /// Commit time on the publisher.
+    pub commit_time: PgTimestamp,
+    /// Set when the transaction was itself replicated into the publisher.
+    pub origin: Option<Origin>,
+    /// The global identifier for a two-phase transaction (`PREPARE TRANSACTION 'gid'`).
+    pub gid: Option<String>,
+}
+
+/// Rows read by the initial snapshot, all of one table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotBatch {
+    /// The table the rows belong to.
+    pub relation: Arc<Relation>,
+    /// The rows, as of the slot's consistent point.
+    pub rows: Vec<Row>,
+    /// The slot's consistent point: the snapshot shows exactly what was
+    /// committed before it.
+    pub consistent_point: Lsn,
+}
+
+/// What a source hands downstream, in order.
+///
+/// A source emits first the snapshot (any number of [`SourceEvent::Snapshot`]
+/// batches, then [`SourceEvent::SnapshotComplete`]) and then committed
+/// transactions in commit order, each as `Begin`, its changes, `Commit`,
+/// with non-transactional messages in between. A transaction is emitted
+/// only once it has committed, so nothing downstream ever sees a change
+/// that is later rolled back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SourceEvent {
+    /// Rows of the initial snapshot.
+    Snapshot(SnapshotBatch),
+    /// The snapshot finished: every row committed before the consistent point was emitted.
+    SnapshotComplete {
+        /// The slot's consistent point.
+        consistent_point: Lsn,
+    },
+    /// A committed transaction starts.
+    Begin(Arc<TransactionInfo>),
+    /// A change of the transaction most recently begun.
+    Change(Change),
+    /// The transaction most recently begun ends.
+    Commit(Arc<TransactionInfo>),
+    /// A logical decoding message emitted outside any transaction.
+    Message(LogicalMessage),
+}

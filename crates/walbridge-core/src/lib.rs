@@ -1,0 +1,29 @@
+//! The shared model of walbridge.
+//!
+//! Everything that travels between a source and a sink is defined here:
+//! write-ahead-log positions ([`Lsn`]), relation and type descriptors
+//! ([`Relation`], [`TypeInfo`]), column values as PostgreSQL produced them
+//! ([`Datum`]), row changes ([`Change`]) and the framing of committed
+//! transactions ([`SourceEvent`]). The crate does no I/O.
+//!
+//! Values stay in PostgreSQL's own representation (text or `typsend`
+//! binary) together with the column's type, so a PostgreSQL sink can apply
+//! them losslessly and other sinks convert them once, at the edge (see
+//! [`json`]).
+
+mod change;
+mod event;
+pub mod json;
+mod lsn;
+mod relation;
+mod time;
+mod types;
+mod value;
+
+pub use change::{Change, LogicalMessage, OldRow, OldRowKind, Truncate, TruncateOptions};
+pub use event::{Origin, SnapshotBatch, SourceEvent, TransactionInfo};
+pub use lsn::{Lsn, ParseLsnError};
+pub use relation::{Column, Relation, RelationId, ReplicaIdentity};
+pub use time::PgTimestamp;
+pub use types::{Oid, TypeInfo, TypeKind, ValueKind};
+pub use value::{Datum, Row};

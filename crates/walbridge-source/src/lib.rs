@@ -1,0 +1,6 @@
+//! walbridge's PostgreSQL source.
+
+pub mod pgoutput;
+mod reader;
+
+pub use reader::ReadError;
