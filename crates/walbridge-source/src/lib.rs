@@ -4,3 +4,4 @@ pub mod pgoutput;
 mod reader;
 
 pub use reader::ReadError;
+pub mod wire;

@@ -53,10 +53,6 @@ impl Reader {
         self.buf.len() - self.pos
     }
 
-    /// The current offset.
-    pub fn offset(&self) -> usize {
-        self.pos
-    }
 
     fn take(&mut self, n: usize) -> Result<&[u8], ReadError> {
         if self.remaining() < n {

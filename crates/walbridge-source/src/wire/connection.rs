@@ -1,0 +1,531 @@
+//! The replication connection: TCP or Unix socket, optional TLS, start-up
+//! with `replication=database`, authentication (trust, password, md5,
+//! SCRAM-SHA-256), simple queries and CopyBoth.
+//!
+//! A logical walsender accepts replication commands and plain SQL, but only
+//! through the simple-query protocol, which is all this connection speaks.
+
+use std::collections::HashMap;
+use std::io;
+
+use bytes::{Bytes, BytesMut};
+use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
+use postgres_protocol::message::frontend;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
+
+use super::codec::{self, AuthRequest, BackendMessage, CodecError, ServerError};
+use super::params::{ConnParams, Host};
+use super::tls::{PgTls, TlsError, TlsSettings};
+
+/// Session settings sent at start-up to every connection walbridge opens,
+/// so values are rendered the same way by the walsender and by snapshot
+/// COPY: ISO dates, ISO 8601 intervals, UTC offsets, shortest exact floats,
+/// hex bytea.
+pub const SESSION_SETTINGS: [(&str, &str); 6] = [
+    ("client_encoding", "UTF8"),
+    ("DateStyle", "ISO"),
+    ("IntervalStyle", "iso_8601"),
+    ("TimeZone", "UTC"),
+    ("extra_float_digits", "3"),
+    ("bytea_output", "hex"),
+];
+
+/// A failure to connect to or talk with the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionError {
+    /// TLS could not be configured.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// No host could be reached.
+    #[error("cannot connect to {target}: {source}")]
+    Connect {
+        /// `host:port`.
+        target: String,
+        /// The socket error.
+        source: io::Error,
+    },
+    /// The server does not offer TLS but `sslmode` requires it.
+    #[error("{target} does not accept TLS connections, but sslmode requires TLS: enable ssl on the server or use sslmode=prefer")]
+    TlsRefused {
+        /// `host:port`.
+        target: String,
+    },
+    /// The TLS handshake failed (certificate rejected, …).
+    #[error("TLS handshake with {target} failed: {source}")]
+    TlsHandshake {
+        /// `host:port`.
+        target: String,
+        /// Cause.
+        source: io::Error,
+    },
+    /// The server asked for a password and none was configured.
+    #[error("{target} asks for a password for role \"{user}\": add password=… to the connection string or set PGPASSWORD")]
+    PasswordRequired {
+        /// `host:port`.
+        target: String,
+        /// The role.
+        user: String,
+    },
+    /// The server asked for an authentication method walbridge lacks.
+    #[error("the server requested an unsupported authentication method ({0}); use scram-sha-256, md5, password or trust in pg_hba.conf")]
+    UnsupportedAuth(String),
+    /// SCRAM exchange failed (wrong server proof, malformed message).
+    #[error("SCRAM authentication failed: {0}")]
+    Scram(io::Error),
+    /// The server reported an error.
+    #[error("{0}")]
+    Server(ServerError),
+    /// The connection broke.
+    #[error("connection to the server failed: {0}")]
+    Io(#[from] io::Error),
+    /// Unparseable bytes from the server.
+    #[error("protocol error: {0}")]
+    Codec(#[from] CodecError),
+    /// A message that makes no sense at this point.
+    #[error("protocol error: unexpected {0} from the server")]
+    Unexpected(String),
+    /// The server closed the connection.
+    #[error("the server closed the connection")]
+    Closed,
+    /// A SQL connection (tokio-postgres) failed.
+    #[error("{0}")]
+    Sql(#[from] tokio_postgres::Error),
+}
+
+impl ConnectionError {
+    /// The SQLSTATE when the server reported the error.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            ConnectionError::Server(e) => Some(&e.code),
+            ConnectionError::Sql(e) => e.code().map(|c| c.code()),
+            _ => None,
+        }
+    }
+}
+
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// The result of one statement of a simple query.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueryResult {
+    /// Column names.
+    pub columns: Vec<String>,
+    /// Rows of text values.
+    pub rows: Vec<Vec<Option<String>>>,
+}
+
+impl QueryResult {
+    /// The value of `column` in row `row`, if both exist and it is not NULL.
+    pub fn get(&self, row: usize, column: &str) -> Option<&str> {
+        let index = self.columns.iter().position(|c| c == column)?;
+        self.rows.get(row)?.get(index)?.as_deref()
+    }
+}
+
+/// What a CopyBoth stream yields.
+#[derive(Debug)]
+pub enum CopyMessage {
+    /// A CopyData payload.
+    Data(Bytes),
+    /// The server ended the stream (CopyDone, or the command completed).
+    Done,
+}
+
+/// A connection in replication mode (`replication=database`).
+pub struct ReplicationConnection {
+    io: Box<dyn Io>,
+    read_buf: BytesMut,
+    write_buf: BytesMut,
+    parameters: HashMap<String, String>,
+    target: String,
+}
+
+impl std::fmt::Debug for ReplicationConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicationConnection").field("target", &self.target).finish_non_exhaustive()
+    }
+}
+
+fn target_of(host: &Host, port: u16) -> String {
+    match host {
+        Host::Tcp(h) => format!("{h}:{port}"),
+        Host::Unix(dir) => format!("{}/.s.PGSQL.{port}", dir.display()),
+    }
+}
+
+async fn open_socket(params: &ConnParams, host: &Host, tls: Option<&TlsSettings>) -> Result<Box<dyn Io>, ConnectionError> {
+    let target = target_of(host, params.port);
+    let connect = async {
+        match host {
+            Host::Tcp(h) => TcpStream::connect((h.as_str(), params.port)).await.map(|s| {
+                // Status updates are small and latency-sensitive.
+                let _ = s.set_nodelay(true);
+                Box::new(s) as Box<dyn Io>
+            }),
+            Host::Unix(dir) => UnixStream::connect(dir.join(format!(".s.PGSQL.{}", params.port)))
+                .await
+                .map(|s| Box::new(s) as Box<dyn Io>),
+        }
+    };
+    let stream = match params.connect_timeout {
+        Some(t) => tokio::time::timeout(t, connect)
+            .await
+            .unwrap_or_else(|_| Err(io::Error::new(io::ErrorKind::TimedOut, "connect_timeout expired"))),
+        None => connect.await,
+    }
+    .map_err(|source| ConnectionError::Connect { target: target.clone(), source })?;
+    let (Host::Tcp(name), Some(tls)) = (host, tls) else {
+        // libpq never uses TLS on Unix-domain sockets either.
+        return Ok(stream);
+    };
+    let mut stream = stream;
+    let mut request = BytesMut::new();
+    frontend::ssl_request(&mut request);
+    stream.write_all(&request).await?;
+    let mut answer = [0u8; 1];
+    stream.read_exact(&mut answer).await?;
+    match answer[0] {
+        b'S' => {
+            let tls_stream = tls
+                .connect(name, stream)
+                .await
+                .map_err(|source| ConnectionError::TlsHandshake { target, source })?;
+            Ok(Box::new(tls_stream))
+        }
+        b'N' if !tls.required() => Ok(stream),
+        b'N' => Err(ConnectionError::TlsRefused { target }),
+        other => Err(ConnectionError::Unexpected(format!("answer {other:#04x} to the TLS request"))),
+    }
+}
+
+impl ReplicationConnection {
+    /// Connects and authenticates, trying each host in turn.
+    /// `application_name` is used unless the connection string sets one.
+    pub async fn connect(params: &ConnParams, application_name: &str) -> Result<Self, ConnectionError> {
+        let tls = TlsSettings::new(params)?;
+        let mut last_error = None;
+        for host in &params.hosts {
+            match Self::connect_host(params, host, tls.as_ref(), application_name).await {
+                Ok(conn) => return Ok(conn),
+                Err(e @ (ConnectionError::Connect { .. } | ConnectionError::Io(_))) => last_error = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_error.unwrap_or(ConnectionError::Closed))
+    }
+
+    async fn connect_host(
+        params: &ConnParams,
+        host: &Host,
+        tls: Option<&TlsSettings>,
+        application_name: &str,
+    ) -> Result<Self, ConnectionError> {
+        let io = open_socket(params, host, tls).await?;
+        let mut conn = ReplicationConnection {
+            io,
+            read_buf: BytesMut::with_capacity(64 * 1024),
+            write_buf: BytesMut::new(),
+            parameters: HashMap::new(),
+            target: target_of(host, params.port),
+        };
+        let app = params.application_name.as_deref().unwrap_or(application_name);
+        let mut startup: Vec<(&str, &str)> =
+            vec![("user", &params.user), ("database", &params.dbname), ("replication", "database"), ("application_name", app)];
+        startup.extend(SESSION_SETTINGS);
+        if let Some(options) = &params.options {
+            startup.push(("options", options));
+        }
+        frontend::startup_message(startup, &mut conn.write_buf)?;
+        conn.flush().await?;
+        conn.authenticate(params).await?;
+        Ok(conn)
+    }
+
+    async fn authenticate(&mut self, params: &ConnParams) -> Result<(), ConnectionError> {
+        let target = self.target.clone();
+        let password = || {
+            params.password.clone().ok_or_else(|| ConnectionError::PasswordRequired {
+                target: target.clone(),
+                user: params.user.clone(),
+            })
+        };
+        let mut scram: Option<ScramSha256> = None;
+        loop {
+            match self.recv().await? {
+                BackendMessage::Authentication(AuthRequest::Ok) => {}
+                BackendMessage::Authentication(AuthRequest::Cleartext) => {
+                    frontend::password_message(password()?.as_bytes(), &mut self.write_buf)?;
+                    self.flush().await?;
+                }
+                BackendMessage::Authentication(AuthRequest::Md5(salt)) => {
+                    let hash = postgres_protocol::authentication::md5_hash(params.user.as_bytes(), password()?.as_bytes(), salt);
+                    frontend::password_message(hash.as_bytes(), &mut self.write_buf)?;
+                    self.flush().await?;
+                }
+                BackendMessage::Authentication(AuthRequest::Sasl(mechanisms)) => {
+                    if !mechanisms.iter().any(|m| m == "SCRAM-SHA-256") {
+                        return Err(ConnectionError::UnsupportedAuth(format!("SASL {}", mechanisms.join(", "))));
+                    }
+                    let s = ScramSha256::new(password()?.as_bytes(), ChannelBinding::unsupported());
+                    frontend::sasl_initial_response("SCRAM-SHA-256", s.message(), &mut self.write_buf)?;
+                    self.flush().await?;
+                    scram = Some(s);
+                }
+                BackendMessage::Authentication(AuthRequest::SaslContinue(data)) => {
+                    let s = scram.as_mut().ok_or_else(|| ConnectionError::Unexpected("SASL continue".into()))?;
+                    s.update(&data).map_err(ConnectionError::Scram)?;
+                    frontend::sasl_response(s.message(), &mut self.write_buf)?;
+                    self.flush().await?;
+                }
+                BackendMessage::Authentication(AuthRequest::SaslFinal(data)) => {
+                    let s = scram.as_mut().ok_or_else(|| ConnectionError::Unexpected("SASL final".into()))?;
+                    s.finish(&data).map_err(ConnectionError::Scram)?;
+                }
+                BackendMessage::Authentication(AuthRequest::Unsupported(code)) => {
+                    return Err(ConnectionError::UnsupportedAuth(format!("code {code}")));
+                }
+                BackendMessage::ParameterStatus { name, value } => {
+                    self.parameters.insert(name, value);
+                }
+                BackendMessage::BackendKeyData | BackendMessage::NoticeResponse(_) => {}
+                BackendMessage::ReadyForQuery(_) => return Ok(()),
+                BackendMessage::ErrorResponse(e) => return Err(ConnectionError::Server(e)),
+                other => return Err(ConnectionError::Unexpected(format!("{other:?} during start-up"))),
+            }
+        }
+    }
+
+    /// A run-time parameter the server reported at start-up (`server_version`, …).
+    pub fn parameter(&self, name: &str) -> Option<&str> {
+        self.parameters.get(name).map(String::as_str)
+    }
+
+    /// The server's version as `server_version_num` (e.g. 150004), parsed
+    /// from the `server_version` start-up parameter.
+    pub fn server_version_num(&self) -> u32 {
+        self.parameter("server_version").map_or(0, parse_server_version)
+    }
+
+    /// `host:port` (or socket path) of the server.
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    async fn flush(&mut self) -> io::Result<()> {
+        if !self.write_buf.is_empty() {
+            self.io.write_all(&self.write_buf).await?;
+            self.write_buf.clear();
+        }
+        self.io.flush().await
+    }
+
+    /// Reads the next backend message. Cancel-safe: bytes already read stay
+    /// buffered for the next call.
+    pub async fn recv(&mut self) -> Result<BackendMessage, ConnectionError> {
+        loop {
+            if let Some(message) = codec::decode(&mut self.read_buf)? {
+                return Ok(message);
+            }
+            if self.io.read_buf(&mut self.read_buf).await? == 0 {
+                return Err(ConnectionError::Closed);
+            }
+        }
+    }
+
+    /// Runs `sql` with the simple-query protocol and returns one result per
+    /// statement that returned rows (or completed).
+    pub async fn simple_query(&mut self, sql: &str) -> Result<Vec<QueryResult>, ConnectionError> {
+        frontend::query(sql, &mut self.write_buf)?;
+        self.flush().await?;
+        let mut results = Vec::new();
+        let mut current = QueryResult::default();
+        let mut error = None;
+        loop {
+            match self.recv().await? {
+                BackendMessage::RowDescription(columns) => current.columns = columns,
+                BackendMessage::DataRow(values) => current.rows.push(
+                    values
+                        .into_iter()
+                        .map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned()))
+                        .collect(),
+                ),
+                BackendMessage::CommandComplete(_) | BackendMessage::EmptyQueryResponse => {
+                    results.push(std::mem::take(&mut current));
+                }
+                BackendMessage::ErrorResponse(e) => error = Some(e),
+                BackendMessage::ReadyForQuery(_) => {
+                    return match error {
+                        Some(e) => Err(ConnectionError::Server(e)),
+                        None => Ok(results),
+                    };
+                }
+                BackendMessage::NoticeResponse(n) => tracing::debug!(target: "walbridge::server", "{n}"),
+                BackendMessage::ParameterStatus { name, value } => {
+                    self.parameters.insert(name, value);
+                }
+                BackendMessage::CopyBothResponse | BackendMessage::CopyOutResponse | BackendMessage::CopyInResponse => {
+                    return Err(ConnectionError::Unexpected(format!("COPY mode after `{sql}`")));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Sends `command` (normally `START_REPLICATION …`) and waits until the
+    /// server switches to CopyBoth mode.
+    pub async fn start_copy_both(&mut self, command: &str) -> Result<(), ConnectionError> {
+        frontend::query(command, &mut self.write_buf)?;
+        self.flush().await?;
+        loop {
+            match self.recv().await? {
+                BackendMessage::CopyBothResponse => return Ok(()),
+                BackendMessage::ErrorResponse(e) => {
+                    // Drain to ReadyForQuery so the connection stays usable.
+                    loop {
+                        if let BackendMessage::ReadyForQuery(_) = self.recv().await? {
+                            break;
+                        }
+                    }
+                    return Err(ConnectionError::Server(e));
+                }
+                BackendMessage::NoticeResponse(n) => tracing::debug!(target: "walbridge::server", "{n}"),
+                BackendMessage::ParameterStatus { .. } => {}
+                other => return Err(ConnectionError::Unexpected(format!("{other:?} after `{command}`"))),
+            }
+        }
+    }
+
+    /// Reads the next CopyBoth message. Cancel-safe.
+    pub async fn recv_copy(&mut self) -> Result<CopyMessage, ConnectionError> {
+        loop {
+            match self.recv().await? {
+                BackendMessage::CopyData(data) => return Ok(CopyMessage::Data(data)),
+                BackendMessage::CopyDone | BackendMessage::CommandComplete(_) => return Ok(CopyMessage::Done),
+                BackendMessage::ErrorResponse(e) => return Err(ConnectionError::Server(e)),
+                BackendMessage::NoticeResponse(n) => tracing::debug!(target: "walbridge::server", "{n}"),
+                _ => {}
+            }
+        }
+    }
+
+    /// Sends one CopyData message and flushes it.
+    pub async fn send_copy_data(&mut self, payload: Bytes) -> Result<(), ConnectionError> {
+        frontend::CopyData::new(payload)?.write(&mut self.write_buf);
+        Ok(self.flush().await?)
+    }
+
+    /// Ends CopyBoth from our side and waits (briefly) for the server to
+    /// finish, so a final status update is not lost.
+    pub async fn finish_copy_both(&mut self) -> Result<(), ConnectionError> {
+        frontend::copy_done(&mut self.write_buf);
+        self.flush().await?;
+        let drain = async {
+            loop {
+                match self.recv().await {
+                    Ok(BackendMessage::ReadyForQuery(_)) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        };
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), drain).await;
+        Ok(())
+    }
+
+    /// Closes the connection politely.
+    pub async fn close(mut self) {
+        frontend::terminate(&mut self.write_buf);
+        let _ = self.flush().await;
+        let _ = self.io.shutdown().await;
+    }
+}
+
+/// `15.4 (Debian 15.4-1)` → 150004; `9.6.24` → 90624; `17beta1` → 170000.
+pub fn parse_server_version(text: &str) -> u32 {
+    let numeric: String = text.chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+    let mut parts = numeric.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let major = parts.next().unwrap_or(0);
+    if major >= 10 {
+        major * 10_000 + parts.next().unwrap_or(0)
+    } else {
+        major * 10_000 + parts.next().unwrap_or(0) * 100 + parts.next().unwrap_or(0)
+    }
+}
+
+/// Opens an ordinary SQL connection with the same parameters, TLS and
+/// session settings, for catalog queries and snapshot COPY. The connection
+/// task is spawned on the current runtime.
+pub async fn connect_sql(params: &ConnParams, application_name: &str) -> Result<tokio_postgres::Client, ConnectionError> {
+    let tls = TlsSettings::new(params)?;
+    let mut last_error = None;
+    for host in &params.hosts {
+        let mut config = tokio_postgres::Config::new();
+        match host {
+            Host::Tcp(h) => config.host(h),
+            Host::Unix(dir) => config.host_path(dir),
+        };
+        config
+            .port(params.port)
+            .user(&params.user)
+            .dbname(&params.dbname)
+            .application_name(params.application_name.as_deref().unwrap_or(application_name));
+        if let Some(p) = &params.password {
+            config.password(p);
+        }
+        if let Some(t) = params.connect_timeout {
+            config.connect_timeout(t);
+        }
+        let mut options: Vec<String> =
+            SESSION_SETTINGS.iter().map(|(k, v)| format!("-c {k}={v}")).collect();
+        options.extend(params.options.clone());
+        config.options(options.join(" "));
+        let result = match &tls {
+            Some(settings) => {
+                config.ssl_mode(if settings.required() {
+                    tokio_postgres::config::SslMode::Require
+                } else {
+                    tokio_postgres::config::SslMode::Prefer
+                });
+                config.connect(PgTls(settings.clone())).await.map(|(client, conn)| {
+                    tokio::spawn(async move {
+                        if let Err(e) = conn.await {
+                            tracing::debug!("SQL connection ended: {e}");
+                        }
+                    });
+                    client
+                })
+            }
+            None => {
+                config.ssl_mode(tokio_postgres::config::SslMode::Disable);
+                config.connect(tokio_postgres::NoTls).await.map(|(client, conn)| {
+                    tokio::spawn(async move {
+                        if let Err(e) = conn.await {
+                            tracing::debug!("SQL connection ended: {e}");
+                        }
+                    });
+                    client
+                })
+            }
+        };
+        match result {
+            Ok(client) => return Ok(client),
+            Err(e) if e.code().is_some() => return Err(e.into()),
+            Err(e) => last_error = Some(e),
+        }
+    }
+    Err(last_error.map_or(ConnectionError::Closed, ConnectionError::Sql))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_server_version;
+
+    #[test]
+    fn parses_versions() {
+        assert_eq!(parse_server_version("15.4 (Debian 15.4-1.pgdg120+1)"), 150004);
+        assert_eq!(parse_server_version("17beta1"), 170000);
+        assert_eq!(parse_server_version("9.6.24"), 90624);
+        assert_eq!(parse_server_version("18.4"), 180004);
+    }
+}

@@ -1,0 +1,371 @@
+//! Connection strings: libpq `key=value` and `postgres://` URL forms.
+//!
+//! Only the parameters walbridge understands are accepted; anything else
+//! is an error naming the key, so a typo never silently changes behaviour.
+//! Unset parameters fall back to the libpq environment variables (`PGHOST`,
+//! `PGPORT`, `PGUSER`, `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`, …) and then to
+//! libpq's defaults.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How TLS is negotiated, with libpq's meanings.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SslMode {
+    /// Never use TLS.
+    Disable,
+    /// Use TLS when the server offers it, without verifying the certificate.
+    #[default]
+    Prefer,
+    /// Require TLS; verify the chain only when a root certificate is configured.
+    Require,
+    /// Require TLS and a certificate chain signed by the root certificate.
+    VerifyCa,
+    /// As `VerifyCa`, and the certificate must name the host.
+    VerifyFull,
+}
+
+impl SslMode {
+    fn parse(value: &str) -> Result<Self, ParamsError> {
+        Ok(match value {
+            "disable" => SslMode::Disable,
+            "allow" | "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            other => {
+                return Err(ParamsError::InvalidValue {
+                    key: "sslmode".into(),
+                    value: other.into(),
+                    expected: "disable, allow, prefer, require, verify-ca or verify-full",
+                });
+            }
+        })
+    }
+}
+
+/// Where to connect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Host {
+    /// A TCP host name or address.
+    Tcp(String),
+    /// A directory holding the server's Unix-domain socket.
+    Unix(PathBuf),
+}
+
+/// A malformed connection string.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParamsError {
+    /// A parameter walbridge does not know.
+    #[error("unknown connection parameter `{0}` (known: host, hostaddr, port, dbname, user, password, sslmode, sslrootcert, sslcert, sslkey, application_name, connect_timeout, options)")]
+    UnknownKey(String),
+    /// A parameter with a bad value.
+    #[error("connection parameter `{key}` has invalid value `{value}`: expected {expected}")]
+    InvalidValue {
+        /// The parameter.
+        key: String,
+        /// The value given.
+        value: String,
+        /// What would have been accepted.
+        expected: &'static str,
+    },
+    /// The text is neither a URL nor `key=value` pairs.
+    #[error("malformed connection string: {0}")]
+    Syntax(String),
+}
+
+/// Parsed connection parameters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnParams {
+    /// Hosts to try, in order.
+    pub hosts: Vec<Host>,
+    /// Port (also names the Unix socket file).
+    pub port: u16,
+    /// Database name.
+    pub dbname: String,
+    /// Role name.
+    pub user: String,
+    /// Password, if any.
+    pub password: Option<String>,
+    /// TLS mode.
+    pub sslmode: SslMode,
+    /// File of trusted root certificates (PEM).
+    pub sslrootcert: Option<PathBuf>,
+    /// Client certificate (PEM).
+    pub sslcert: Option<PathBuf>,
+    /// Client private key (PEM).
+    pub sslkey: Option<PathBuf>,
+    /// `application_name` reported to the server.
+    pub application_name: Option<String>,
+    /// Give up connecting to a host after this long.
+    pub connect_timeout: Option<Duration>,
+    /// Server options (`-c name=value …`) sent at start-up.
+    pub options: Option<String>,
+}
+
+impl ConnParams {
+    /// Parses `text` in either form, filling unset values from the environment.
+    pub fn parse(text: &str) -> Result<Self, ParamsError> {
+        let text = text.trim();
+        let pairs = if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+            parse_url(text)?
+        } else {
+            parse_key_values(text)?
+        };
+        Self::from_pairs(pairs, |k| std::env::var(k).ok())
+    }
+
+    fn from_pairs(
+        pairs: Vec<(String, String)>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ParamsError> {
+        let mut get = std::collections::HashMap::new();
+        for (key, value) in pairs {
+            match key.as_str() {
+                "host" | "hostaddr" | "port" | "dbname" | "user" | "password" | "sslmode" | "sslrootcert"
+                | "sslcert" | "sslkey" | "application_name" | "connect_timeout" | "options" => {
+                    get.insert(key, value);
+                }
+                _ => return Err(ParamsError::UnknownKey(key)),
+            }
+        }
+        let mut value = |key: &str, var: &str| get.remove(key).or_else(|| env(var)).filter(|v| !v.is_empty());
+        let host_text = value("hostaddr", "PGHOSTADDR").or_else(|| value("host", "PGHOST"));
+        let hosts = match host_text {
+            Some(h) => h
+                .split(',')
+                .map(|h| if h.starts_with('/') { Host::Unix(PathBuf::from(h)) } else { Host::Tcp(h.to_owned()) })
+                .collect(),
+            None => vec![default_socket_dir()],
+        };
+        let port = match value("port", "PGPORT") {
+            Some(p) => p.parse().map_err(|_| ParamsError::InvalidValue {
+                key: "port".into(),
+                value: p,
+                expected: "a port number",
+            })?,
+            None => 5432,
+        };
+        let user = value("user", "PGUSER")
+            .or_else(|| env("USER"))
+            .unwrap_or_else(|| "postgres".to_owned());
+        let dbname = value("dbname", "PGDATABASE").unwrap_or_else(|| user.clone());
+        let sslmode = match value("sslmode", "PGSSLMODE") {
+            Some(m) => SslMode::parse(&m)?,
+            None => SslMode::Prefer,
+        };
+        let connect_timeout = match value("connect_timeout", "PGCONNECT_TIMEOUT") {
+            Some(t) => {
+                let secs: u64 = t.parse().map_err(|_| ParamsError::InvalidValue {
+                    key: "connect_timeout".into(),
+                    value: t,
+                    expected: "a number of seconds",
+                })?;
+                (secs > 0).then(|| Duration::from_secs(secs.max(2)))
+            }
+            None => None,
+        };
+        Ok(ConnParams {
+            hosts,
+            port,
+            dbname,
+            user,
+            password: value("password", "PGPASSWORD"),
+            sslmode,
+            sslrootcert: value("sslrootcert", "PGSSLROOTCERT").map(PathBuf::from),
+            sslcert: value("sslcert", "PGSSLCERT").map(PathBuf::from),
+            sslkey: value("sslkey", "PGSSLKEY").map(PathBuf::from),
+            application_name: value("application_name", "PGAPPNAME"),
+            connect_timeout,
+            options: value("options", "PGOPTIONS"),
+        })
+    }
+
+    /// A description for messages: `host:port/dbname` without secrets.
+    pub fn display_target(&self) -> String {
+        let host = match self.hosts.first() {
+            Some(Host::Tcp(h)) => h.clone(),
+            Some(Host::Unix(dir)) => dir.display().to_string(),
+            None => String::new(),
+        };
+        format!("{host}:{}/{}", self.port, self.dbname)
+    }
+}
+
+fn default_socket_dir() -> Host {
+    let debian = PathBuf::from("/var/run/postgresql");
+    Host::Unix(if debian.is_dir() { debian } else { PathBuf::from("/tmp") })
+}
+
+fn parse_key_values(text: &str) -> Result<Vec<(String, String)>, ParamsError> {
+    let mut out = Vec::new();
+    let mut chars = text.chars().peekable();
+    loop {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        if chars.peek().is_none() {
+            return Ok(out);
+        }
+        let mut key = String::new();
+        while let Some(c) = chars.next_if(|c| *c != '=' && !c.is_whitespace()) {
+            key.push(c);
+        }
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        if chars.next() != Some('=') {
+            return Err(ParamsError::Syntax(format!("expected `=` after `{key}`")));
+        }
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        let mut value = String::new();
+        if chars.next_if_eq(&'\'').is_some() {
+            loop {
+                match chars.next() {
+                    Some('\\') => match chars.next() {
+                        Some(c) => value.push(c),
+                        None => return Err(ParamsError::Syntax(format!("unterminated quoted value for `{key}`"))),
+                    },
+                    Some('\'') => break,
+                    Some(c) => value.push(c),
+                    None => return Err(ParamsError::Syntax(format!("unterminated quoted value for `{key}`"))),
+                }
+            }
+        } else {
+            while let Some(c) = chars.next_if(|c| !c.is_whitespace()) {
+                if c == '\\' {
+                    if let Some(escaped) = chars.next() {
+                        value.push(escaped);
+                    }
+                } else {
+                    value.push(c);
+                }
+            }
+        }
+        out.push((key, value));
+    }
+}
+
+fn percent_decode(s: &str) -> Result<String, ParamsError> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| ParamsError::Syntax(format!("bad percent-escape in `{s}`")))?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| ParamsError::Syntax(format!("`{s}` is not UTF-8 after decoding")))
+}
+
+fn parse_url(text: &str) -> Result<Vec<(String, String)>, ParamsError> {
+    let rest = text.split_once("://").map_or(text, |(_, r)| r);
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut out = Vec::new();
+    let hostport = match authority.rsplit_once('@') {
+        Some((userinfo, hostport)) => {
+            let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+            if !user.is_empty() {
+                out.push(("user".into(), percent_decode(user)?));
+            }
+            if !password.is_empty() {
+                out.push(("password".into(), percent_decode(password)?));
+            }
+            hostport
+        }
+        None => authority,
+    };
+    if !hostport.is_empty() {
+        let mut hosts = Vec::new();
+        let mut port = None;
+        for hp in hostport.split(',') {
+            let (host, p) = if let Some(v6) = hp.strip_prefix('[') {
+                let (h, after) = v6.split_once(']').ok_or_else(|| ParamsError::Syntax(format!("unclosed `[` in `{hp}`")))?;
+                (h.to_owned(), after.strip_prefix(':'))
+            } else {
+                match hp.rsplit_once(':') {
+                    Some((h, p)) => (h.to_owned(), Some(p)),
+                    None => (hp.to_owned(), None),
+                }
+            };
+            if !host.is_empty() {
+                hosts.push(percent_decode(&host)?);
+            }
+            if let Some(p) = p {
+                port = Some(p.to_owned());
+            }
+        }
+        if !hosts.is_empty() {
+            out.push(("host".into(), hosts.join(",")));
+        }
+        if let Some(p) = port {
+            out.push(("port".into(), p));
+        }
+    }
+    if !path.is_empty() {
+        out.push(("dbname".into(), percent_decode(path)?));
+    }
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').ok_or_else(|| ParamsError::Syntax(format!("query parameter `{pair}` has no `=`")))?;
+        out.push((percent_decode(k)?, percent_decode(v)?));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<ConnParams, ParamsError> {
+        let pairs = if text.starts_with("postgres") { parse_url(text)? } else { parse_key_values(text)? };
+        ConnParams::from_pairs(pairs, |_| None)
+    }
+
+    #[test]
+    fn key_value_form() {
+        let p = parse(r"host=db1 port = 5433 dbname=shop user=walbridge password='it\'s x' sslmode=verify-full")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(p.hosts, vec![Host::Tcp("db1".into())]);
+        assert_eq!(p.port, 5433);
+        assert_eq!(p.dbname, "shop");
+        assert_eq!(p.user, "walbridge");
+        assert_eq!(p.password.as_deref(), Some("it's x"));
+        assert_eq!(p.sslmode, SslMode::VerifyFull);
+    }
+
+    #[test]
+    fn url_form() {
+        let p = parse("postgresql://wal%40b:s%3Acret@[::1]:6000/my%20db?sslmode=require&application_name=x")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(p.user, "wal@b");
+        assert_eq!(p.password.as_deref(), Some("s:cret"));
+        assert_eq!(p.hosts, vec![Host::Tcp("::1".into())]);
+        assert_eq!(p.port, 6000);
+        assert_eq!(p.dbname, "my db");
+        assert_eq!(p.sslmode, SslMode::Require);
+        assert_eq!(p.application_name.as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn unix_sockets_and_defaults() {
+        let p = parse("host=/tmp/sock user=u").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(p.hosts, vec![Host::Unix("/tmp/sock".into())]);
+        assert_eq!(p.dbname, "u");
+        assert_eq!(p.port, 5432);
+        assert_eq!(p.sslmode, SslMode::Prefer);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        assert_eq!(parse("hots=x"), Err(ParamsError::UnknownKey("hots".into())));
+        assert!(matches!(parse("sslmode=maybe"), Err(ParamsError::InvalidValue { key, .. }) if key == "sslmode"));
+        assert!(matches!(parse("port=http"), Err(ParamsError::InvalidValue { key, .. }) if key == "port"));
+        assert!(matches!(parse("host"), Err(ParamsError::Syntax(_))));
+        assert!(matches!(parse("password='open"), Err(ParamsError::Syntax(_))));
+    }
+}
