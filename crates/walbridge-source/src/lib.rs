@@ -5,3 +5,5 @@ mod reader;
 
 pub use reader::ReadError;
 pub mod wire;
+pub mod assembler;
+pub mod spill;

@@ -248,7 +248,10 @@ mod tests {
 
     #[test]
     fn parses_errors() {
-        let mut buf = BytesMut::from(&b"E\0\0\0\x1fSERROR\0C42704\0Mno such slot\0\0"[..]);
+        let body = b"SERROR\0C42704\0Mno such slot\0\0";
+        let mut buf = BytesMut::from(&b"E"[..]);
+        buf.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+        buf.extend_from_slice(body);
         let Ok(Some(BackendMessage::ErrorResponse(e))) = decode(&mut buf) else { panic!("not an error") };
         assert_eq!((e.severity.as_str(), e.code.as_str(), e.message.as_str()), ("ERROR", "42704", "no such slot"));
     }
