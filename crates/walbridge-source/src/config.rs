@@ -1,0 +1,194 @@
+//! The `[[source]]` section of the configuration file.
+
+use serde::Deserialize;
+
+/// Which changes to receive by their replication origin (PostgreSQL 16+).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OriginFilter {
+    /// Every change, whatever its origin.
+    #[default]
+    Any,
+    /// Only changes made locally on the publisher — not those it applied
+    /// as a subscriber (or as a walbridge postgres sink). Breaks loops in
+    /// bidirectional setups.
+    None,
+}
+
+/// A size in bytes, written as an integer or with a unit: `"64MiB"`, `"1GB"`, `"512kB"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize(pub u64);
+
+impl ByteSize {
+    /// Parses `64MiB`, `64MB`, `512kB`, `1G`, `100`.
+    pub fn parse(text: &str) -> Option<Self> {
+        let text = text.trim();
+        let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+        let (number, unit) = text.split_at(split);
+        let n: u64 = number.parse().ok()?;
+        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kb" | "kib" => 1 << 10,
+            "m" | "mb" | "mib" => 1 << 20,
+            "g" | "gb" | "gib" => 1 << 30,
+            _ => return None,
+        };
+        n.checked_mul(mult).map(ByteSize)
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Int(n) => Ok(ByteSize(n)),
+            Raw::Text(t) => ByteSize::parse(&t)
+                .ok_or_else(|| serde::de::Error::custom(format!("`{t}` is not a size; write e.g. 64MiB, 512kB or 1GB"))),
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_workers() -> usize {
+    2
+}
+
+fn default_spill() -> ByteSize {
+    ByteSize(64 << 20)
+}
+
+fn default_chunk() -> ByteSize {
+    ByteSize(256 << 20)
+}
+
+fn default_status_interval() -> u64 {
+    10
+}
+
+/// One PostgreSQL database to replicate from.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// Unique name of the source; names its slot, state and output.
+    pub name: String,
+    /// libpq connection string (`key=value` or `postgres://` URL). The role
+    /// needs the REPLICATION attribute (or superuser) and SELECT on the
+    /// published tables.
+    pub connection: String,
+    /// Publications to replicate (`CREATE PUBLICATION …` on the publisher).
+    pub publications: Vec<String>,
+    /// Replication slot name; default `walbridge_<name>`.
+    #[serde(default)]
+    pub slot: Option<String>,
+    /// Create the slot on first start (default true). With `false` the slot
+    /// must exist, and `copy_data` must be false.
+    #[serde(default = "yes")]
+    pub create_slot: bool,
+    /// Copy the tables' existing rows before streaming (default true).
+    #[serde(default = "yes")]
+    pub copy_data: bool,
+    /// Ask for values in binary (`typsend`) form where the type has one.
+    #[serde(default)]
+    pub binary: bool,
+    /// Receive large in-progress transactions as they run (PostgreSQL 14+).
+    #[serde(default = "yes")]
+    pub streaming: bool,
+    /// Receive logical decoding messages (`pg_logical_emit_message`).
+    #[serde(default = "yes")]
+    pub messages: bool,
+    /// Decode prepared transactions at PREPARE, deliver them at COMMIT
+    /// PREPARED (PostgreSQL 15+; fixed when the slot is created).
+    #[serde(default)]
+    pub two_phase: bool,
+    /// `any` or `none` (PostgreSQL 16+).
+    #[serde(default)]
+    pub origin: OriginFilter,
+    /// `application_name` on the publisher (default: the source name); the
+    /// name to list in `synchronous_standby_names`.
+    #[serde(default)]
+    pub application_name: Option<String>,
+    /// Parallel connections for the initial copy (default 2).
+    #[serde(default = "default_workers")]
+    pub snapshot_workers: usize,
+    /// Tables larger than this are copied in chunks of this size, in
+    /// parallel (default 256MiB).
+    #[serde(default = "default_chunk")]
+    pub snapshot_chunk_size: ByteSize,
+    /// Open transactions may hold this much memory together; above it the
+    /// largest goes to a spill file under `data_dir` (default 64MiB).
+    #[serde(default = "default_spill")]
+    pub spill_threshold: ByteSize,
+    /// Seconds between status updates to the publisher (default 10).
+    #[serde(default = "default_status_interval")]
+    pub status_interval: u64,
+}
+
+impl SourceConfig {
+    /// The slot name in use.
+    pub fn slot_name(&self) -> String {
+        self.slot.clone().unwrap_or_else(|| format!("walbridge_{}", self.name.to_ascii_lowercase().replace('-', "_")))
+    }
+
+    /// The application name in use.
+    pub fn application_name(&self) -> &str {
+        self.application_name.as_deref().unwrap_or(&self.name)
+    }
+
+    /// Problems that make the configuration unusable, each naming its key.
+    pub fn validate(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let at = |key: &str| format!("source `{}`: `{key}`", self.name);
+        if self.name.is_empty() || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+            problems.push(format!("{}: use letters, digits, `_` and `-` only", at("name")));
+        }
+        let slot = self.slot_name();
+        if slot.is_empty()
+            || slot.len() > 63
+            || !slot.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        {
+            problems.push(format!(
+                "{}: `{slot}` is not a valid slot name (lower-case letters, digits and `_`, at most 63)",
+                at("slot")
+            ));
+        }
+        if self.publications.is_empty() {
+            problems.push(format!("{}: name at least one publication", at("publications")));
+        }
+        if !self.create_slot && self.copy_data {
+            problems.push(format!(
+                "{}: an existing slot has no consistent snapshot to copy from; set copy_data = false, or let walbridge create the slot",
+                at("create_slot = false")
+            ));
+        }
+        if self.snapshot_workers == 0 {
+            problems.push(format!("{}: must be at least 1", at("snapshot_workers")));
+        }
+        if self.status_interval == 0 {
+            problems.push(format!("{}: must be at least 1 second", at("status_interval")));
+        }
+        problems
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(ByteSize::parse("64MiB"), Some(ByteSize(64 << 20)));
+        assert_eq!(ByteSize::parse("512kB"), Some(ByteSize(512 << 10)));
+        assert_eq!(ByteSize::parse("100"), Some(ByteSize(100)));
+        assert_eq!(ByteSize::parse("1 GB"), Some(ByteSize(1 << 30)));
+        assert_eq!(ByteSize::parse("lots"), None);
+        assert_eq!(ByteSize::parse("5TB"), None);
+    }
+}

@@ -1,0 +1,560 @@
+//! Running one source: prerequisite checks, slot, snapshot, stream.
+//!
+//! Positions reported to the publisher (the durability argument):
+//!
+//! * `flush` and `apply` = the end LSN of the last transaction every
+//!   consumer reported durable through the `flushed` watch. The publisher
+//!   may discard WAL before `flush`, so it never runs ahead of durability.
+//!   When nothing is open or undelivered, the keepalive's WAL end is
+//!   confirmed too, so an idle publication does not pin WAL.
+//! * `flush` never passes the prepare of a two-phase transaction still
+//!   waiting for COMMIT PREPARED: after a restart, the publisher must send
+//!   its changes again.
+//! * `write` = the furthest position received.
+//!
+//! Within one process, a transaction is handed downstream at most once:
+//! after a reconnect the publisher resends everything after the confirmed
+//! position, and transactions ending at or before the last one emitted are
+//! skipped. Across a crash, transactions after the confirmed position are
+//! emitted again (consumers see them twice at most).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, watch};
+use walbridge_core::{Lsn, PgTimestamp, SourceEvent};
+
+use crate::assembler::{Assembled, Assembler, AssemblyError, CommittedTransaction};
+use crate::catalog::{CatalogError, TypeCatalog, published_tables, quote_ident};
+use crate::checks::{Finding, Severity, check_source, explain_connection_error};
+use crate::config::{OriginFilter, SourceConfig};
+use crate::pgoutput::{DecodeError, Decoder, Message};
+use crate::slot::{self, SlotPersistence, SnapshotAction};
+use crate::snapshot::{SnapshotError, SnapshotProgress, copy_tables};
+use crate::spill::{self, SpillError};
+use crate::wire::copyboth::{CopyBothError, ServerMessage, StatusUpdate};
+use crate::wire::{ConnParams, ConnectionError, CopyMessage, ParamsError, ReplicationConnection, connect_sql};
+
+/// A source stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The connection string is malformed.
+    #[error("source `{source_name}`: `connection`: {error}")]
+    Params {
+        /// Source name.
+        source_name: String,
+        /// Cause.
+        error: ParamsError,
+    },
+    /// Prerequisite checks failed.
+    #[error("{}", .0.iter().map(|f| f.message.clone()).collect::<Vec<_>>().join("\n"))]
+    Prerequisites(Vec<Finding>),
+    /// Connecting or talking to the publisher failed.
+    #[error("{0}")]
+    Connection(String, #[source] ConnectionError),
+    /// The slot walbridge should use is gone or unusable.
+    #[error("{0}")]
+    Slot(String),
+    /// The stream did not decode.
+    #[error("source `{0}`: {1}")]
+    Decode(String, DecodeError),
+    /// The stream broke pgoutput's rules.
+    #[error("source `{0}`: {1}")]
+    Assembly(String, AssemblyError),
+    /// A replication message was malformed.
+    #[error("source `{0}`: {1}")]
+    CopyBoth(String, CopyBothError),
+    /// Catalog lookups failed.
+    #[error("source `{0}`: {1}")]
+    Catalog(String, CatalogError),
+    /// The snapshot failed.
+    #[error("source `{0}`: {1}")]
+    Snapshot(String, SnapshotError),
+    /// Spilling failed.
+    #[error("source `{0}`: {1}")]
+    Spill(String, SpillError),
+    /// The state directory could not be used.
+    #[error("source `{0}`: state in {1}: {2}")]
+    State(String, PathBuf, std::io::Error),
+}
+
+impl SourceError {
+    /// True for failures that may go away by reconnecting (network, server restart).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            SourceError::Connection(_, e) => matches!(
+                e,
+                ConnectionError::Connect { .. } | ConnectionError::Io(_) | ConnectionError::Closed
+            ) || e.sqlstate().is_some_and(|s| s.starts_with("57") || s.starts_with("08") || s == "53300" || s == "55006"),
+            SourceError::Snapshot(_, SnapshotError::Connection(_)) => true,
+            _ => false,
+        }
+    }
+}
+
+/// What the source remembers between runs (`data_dir/sources/<name>/state.json`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceState {
+    /// The slot walbridge created for this source.
+    pub slot: String,
+    /// The slot's consistent point.
+    pub consistent_point: String,
+    /// The snapshot was fully delivered downstream.
+    pub snapshot_complete: bool,
+}
+
+impl SourceState {
+    fn path(dir: &Path) -> PathBuf {
+        dir.join("state.json")
+    }
+
+    /// Reads the state, `None` if there is none.
+    pub fn load(dir: &Path) -> std::io::Result<Option<Self>> {
+        match std::fs::read(Self::path(dir)) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes the state atomically (temporary file, fsync, rename, fsync of the directory).
+    pub fn store(&self, dir: &Path) -> std::io::Result<()> {
+        use std::io::Write;
+        std::fs::create_dir_all(dir)?;
+        let tmp = dir.join("state.json.tmp");
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, Self::path(dir))?;
+        std::fs::File::open(dir)?.sync_all()
+    }
+}
+
+/// Shared, live view of a source for status and metrics.
+#[derive(Debug, Default)]
+pub struct SourceStats {
+    /// Snapshot counters.
+    pub snapshot: SnapshotProgress,
+    /// Last position received.
+    pub received: std::sync::atomic::AtomicU64,
+    /// Last position confirmed to the publisher.
+    pub confirmed: std::sync::atomic::AtomicU64,
+    /// Transactions emitted.
+    pub transactions: std::sync::atomic::AtomicU64,
+}
+
+/// One configured source.
+pub struct Source {
+    config: SourceConfig,
+    params: ConnParams,
+    state_dir: PathBuf,
+    stats: Arc<SourceStats>,
+}
+
+/// The positions the stream loop tracks.
+#[derive(Debug, Default)]
+struct Positions {
+    received: Lsn,
+    last_emitted_end: Lsn,
+    keepalive_end: Lsn,
+    reported_flush: Lsn,
+}
+
+impl Source {
+    /// Prepares a source; `data_dir` is walbridge's state directory.
+    pub fn new(config: SourceConfig, data_dir: &Path) -> Result<Self, SourceError> {
+        let params = ConnParams::parse(&config.connection)
+            .map_err(|error| SourceError::Params { source_name: config.name.clone(), error })?;
+        let state_dir = data_dir.join("sources").join(&config.name);
+        Ok(Source { config, params, state_dir, stats: Arc::new(SourceStats::default()) })
+    }
+
+    /// The source's configuration.
+    pub fn config(&self) -> &SourceConfig {
+        &self.config
+    }
+
+    /// Live counters.
+    pub fn stats(&self) -> Arc<SourceStats> {
+        self.stats.clone()
+    }
+
+    /// The database name, as reported in events.
+    pub fn database(&self) -> &str {
+        &self.params.dbname
+    }
+
+    /// Runs the prerequisite checks.
+    pub async fn check(&self) -> Vec<Finding> {
+        check_source(&self.config, &self.params).await
+    }
+
+    fn err(&self, e: ConnectionError) -> SourceError {
+        SourceError::Connection(explain_connection_error(&self.config.name, &self.params.display_target(), &e), e)
+    }
+
+    /// Drops the source's slot (if it exists) and its state.
+    pub async fn drop_slot_and_state(&self) -> Result<bool, SourceError> {
+        let mut conn = ReplicationConnection::connect(&self.params, self.config.application_name()).await.map_err(|e| self.err(e))?;
+        let name = self.config.slot_name();
+        let existed = slot::slot_info(&mut conn, &name).await.map_err(|e| self.err(e))?.is_some();
+        if existed {
+            slot::drop_slot(&mut conn, &name, false).await.map_err(|e| self.err(e))?;
+        }
+        conn.close().await;
+        match std::fs::remove_dir_all(&self.state_dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(SourceError::State(self.config.name.clone(), self.state_dir.clone(), e)),
+        }
+        Ok(existed)
+    }
+
+    /// Runs until `shutdown` turns true or a permanent error. Transient
+    /// failures (lost connection, server restart) are retried with
+    /// exponential backoff. `flushed` carries the end LSN of the last
+    /// transaction the consumers made durable.
+    pub async fn run(
+        &self,
+        events: mpsc::Sender<SourceEvent>,
+        mut flushed: watch::Receiver<Lsn>,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Result<(), SourceError> {
+        let findings = self.check().await;
+        for w in findings.iter().filter(|f| f.severity == Severity::Warning) {
+            tracing::warn!("{}", w.message);
+        }
+        let errors: Vec<Finding> = findings.into_iter().filter(|f| f.severity == Severity::Error).collect();
+        if !errors.is_empty() {
+            return Err(SourceError::Prerequisites(errors));
+        }
+        let spill_dir = self.state_dir.join("spill");
+        spill::clear_dir(&spill_dir).map_err(|e| SourceError::Spill(self.config.name.clone(), e))?;
+        let mut assembler = Assembler::new(spill_dir, self.config.spill_threshold.0 as usize);
+        let mut positions = Positions::default();
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            let result = self.run_once(&events, &mut flushed, &mut shutdown, &mut assembler, &mut positions).await;
+            assembler.reset();
+            match result {
+                Ok(()) => return Ok(()),
+                Err(e) if e.is_transient() && !*shutdown.borrow() => {
+                    tracing::warn!(source = %self.config.name, "{e}; reconnecting in {backoff:?}");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = shutdown.changed() => return Ok(()),
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn run_once(
+        &self,
+        events: &mpsc::Sender<SourceEvent>,
+        flushed: &mut watch::Receiver<Lsn>,
+        shutdown: &mut watch::Receiver<bool>,
+        assembler: &mut Assembler,
+        positions: &mut Positions,
+    ) -> Result<(), SourceError> {
+        let name = &self.config.name;
+        let slot_name = self.config.slot_name();
+        let mut conn = ReplicationConnection::connect(&self.params, self.config.application_name()).await.map_err(|e| self.err(e))?;
+        let state = SourceState::load(&self.state_dir).map_err(|e| SourceError::State(name.clone(), self.state_dir.clone(), e))?;
+        let mut slot = slot::slot_info(&mut conn, &slot_name).await.map_err(|e| self.err(e))?;
+        if let (Some(_), Some(state)) = (&slot, &state) {
+            if !state.snapshot_complete && self.config.copy_data {
+                tracing::warn!(source = %name, "the previous initial copy did not finish; dropping slot {slot_name} and copying again");
+                slot::drop_slot(&mut conn, &slot_name, true).await.map_err(|e| self.err(e))?;
+                slot = None;
+            }
+        }
+        match (&slot, &state) {
+            (None, Some(state)) if state.snapshot_complete => {
+                return Err(SourceError::Slot(format!(
+                    "source `{name}`: slot \"{slot_name}\" is gone from the publisher, so changes since walbridge last ran are lost; run `walbridge drop --source {name}` to start over with a fresh copy"
+                )));
+            }
+            (None, _) if !self.config.create_slot => {
+                return Err(SourceError::Slot(format!(
+                    "source `{name}`: slot \"{slot_name}\" does not exist and create_slot = false: create it or set create_slot = true"
+                )));
+            }
+            (None, _) => self.create_slot_and_copy(&mut conn, events, flushed).await?,
+            (Some(_), None) if self.config.copy_data => {
+                return Err(SourceError::Slot(format!(
+                    "source `{name}`: slot \"{slot_name}\" exists but walbridge's data_dir has no record of copying its tables; set copy_data = false to stream from the slot as it is, or run `walbridge drop --source {name}` to start over"
+                )));
+            }
+            (Some(_), _) => {}
+        }
+        self.stream(conn, events, flushed, shutdown, assembler, positions).await
+    }
+
+    async fn create_slot_and_copy(
+        &self,
+        conn: &mut ReplicationConnection,
+        events: &mpsc::Sender<SourceEvent>,
+        flushed: &mut watch::Receiver<Lsn>,
+    ) -> Result<(), SourceError> {
+        let name = &self.config.name;
+        let slot_name = self.config.slot_name();
+        let action = if self.config.copy_data { SnapshotAction::Export } else { SnapshotAction::Nothing };
+        let created = slot::create_slot(conn, &slot_name, SlotPersistence::Permanent, action, self.config.two_phase)
+            .await
+            .map_err(|e| self.err(e))?;
+        tracing::info!(source = %name, slot = %slot_name, consistent_point = %created.consistent_point, "created replication slot");
+        let mut state = SourceState {
+            slot: slot_name.clone(),
+            consistent_point: created.consistent_point.to_string(),
+            snapshot_complete: !self.config.copy_data,
+        };
+        state.store(&self.state_dir).map_err(|e| SourceError::State(name.clone(), self.state_dir.clone(), e))?;
+        let Some(snapshot_name) = created.snapshot_name.filter(|_| self.config.copy_data) else { return Ok(()) };
+        let client = connect_sql(&self.params, self.config.application_name()).await.map_err(|e| self.err(e))?;
+        let tables = published_tables(&client, &self.config.publications, conn.server_version_num())
+            .await
+            .map_err(|e| SourceError::Catalog(name.clone(), e))?;
+        drop(client);
+        tracing::info!(source = %name, tables = tables.len(), workers = self.config.snapshot_workers, "initial copy starting");
+        copy_tables(
+            &self.params,
+            self.config.application_name(),
+            &snapshot_name,
+            tables,
+            self.config.snapshot_workers,
+            self.config.snapshot_chunk_size.0,
+            created.consistent_point,
+            events,
+            &self.stats.snapshot,
+        )
+        .await
+        .map_err(|e| SourceError::Snapshot(name.clone(), e))?;
+        events
+            .send(SourceEvent::SnapshotComplete { consistent_point: created.consistent_point })
+            .await
+            .map_err(|_| SourceError::Snapshot(name.clone(), SnapshotError::Closed))?;
+        // The copy counts as done only once the consumers made it durable.
+        while *flushed.borrow() < created.consistent_point {
+            if flushed.changed().await.is_err() {
+                return Err(SourceError::Snapshot(name.clone(), SnapshotError::Closed));
+            }
+        }
+        state.snapshot_complete = true;
+        state.store(&self.state_dir).map_err(|e| SourceError::State(name.clone(), self.state_dir.clone(), e))?;
+        let rows = self.stats.snapshot.rows.load(std::sync::atomic::Ordering::Relaxed);
+        tracing::info!(source = %name, rows, "initial copy finished");
+        Ok(())
+    }
+
+    fn start_command(&self, server_version: u32) -> String {
+        let proto = match server_version {
+            v if v >= 160_000 => 4,
+            v if v >= 150_000 => 3,
+            v if v >= 140_000 => 2,
+            _ => 1,
+        };
+        let publications: Vec<String> = self.config.publications.iter().map(|p| quote_ident(p)).collect();
+        let mut options = vec![
+            format!("proto_version '{proto}'"),
+            format!("publication_names '{}'", publications.join(",").replace('\'', "''")),
+        ];
+        if self.config.binary {
+            options.push("binary 'true'".into());
+        }
+        if self.config.messages && proto >= 2 {
+            options.push("messages 'true'".into());
+        }
+        if self.config.streaming && proto >= 2 {
+            options.push("streaming 'on'".into());
+        }
+        if self.config.two_phase && proto >= 3 {
+            options.push("two_phase 'on'".into());
+        }
+        if server_version >= 160_000 {
+            let origin = match self.config.origin {
+                OriginFilter::Any => "any",
+                OriginFilter::None => "none",
+            };
+            options.push(format!("origin '{origin}'"));
+        }
+        format!("START_REPLICATION SLOT \"{}\" LOGICAL 0/0 ({})", self.config.slot_name(), options.join(", "))
+    }
+
+    fn status(&self, positions: &mut Positions, flushed: Lsn, assembler: &Assembler, reply_requested: bool) -> StatusUpdate {
+        let mut flush = flushed;
+        let idle = !assembler.in_transaction() && flushed >= positions.last_emitted_end;
+        if idle {
+            flush = flush.max(positions.keepalive_end);
+        }
+        if let Some(prepare) = assembler.oldest_pending_prepare() {
+            flush = flush.min(Lsn(prepare.0.saturating_sub(1)));
+        }
+        flush = flush.max(positions.reported_flush);
+        positions.reported_flush = flush;
+        self.stats.confirmed.store(flush.0, std::sync::atomic::Ordering::Relaxed);
+        let write = positions.received.max(flush);
+        StatusUpdate { write, flush, apply: flush, time: PgTimestamp::now(), reply_requested }
+    }
+
+    async fn stream(
+        &self,
+        mut conn: ReplicationConnection,
+        events: &mpsc::Sender<SourceEvent>,
+        flushed: &mut watch::Receiver<Lsn>,
+        shutdown: &mut watch::Receiver<bool>,
+        assembler: &mut Assembler,
+        positions: &mut Positions,
+    ) -> Result<(), SourceError> {
+        let name = self.config.name.clone();
+        let command = self.start_command(conn.server_version_num());
+        tracing::debug!(source = %name, "{command}");
+        let client = connect_sql(&self.params, self.config.application_name()).await.map_err(|e| self.err(e))?;
+        conn.start_copy_both(&command).await.map_err(|e| self.err(e))?;
+        tracing::info!(source = %name, slot = %self.config.slot_name(), "streaming changes");
+        let mut decoder = Decoder::new();
+        let mut types = TypeCatalog::new();
+        let mut ticker = tokio::time::interval(Duration::from_secs(self.config.status_interval));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.changed() => {
+                    return self.finish(conn, flushed, assembler, positions).await;
+                }
+                message = conn.recv_copy() => {
+                    let data = match message.map_err(|e| self.err(e))? {
+                        CopyMessage::Data(d) => d,
+                        CopyMessage::Done => return Err(self.err(ConnectionError::Closed)),
+                    };
+                    match ServerMessage::parse(data).map_err(|e| SourceError::CopyBoth(name.clone(), e))? {
+                        ServerMessage::Keepalive { wal_end, reply_requested, .. } => {
+                            positions.keepalive_end = positions.keepalive_end.max(wal_end);
+                            positions.received = positions.received.max(wal_end);
+                            if reply_requested {
+                                let s = self.status(positions, *flushed.borrow(), assembler, false);
+                                conn.send_copy_data(s.encode()).await.map_err(|e| self.err(e))?;
+                            }
+                        }
+                        ServerMessage::XLogData { wal_start, data, .. } => {
+                            positions.received = positions.received.max(wal_start);
+                            self.stats.received.store(positions.received.0, std::sync::atomic::Ordering::Relaxed);
+                            let message = decoder.decode(data).map_err(|e| SourceError::Decode(name.clone(), e))?;
+                            let assembled = match message {
+                                Message::Relation { xid, body } => {
+                                    let relation = types.describe(&client, body).await.map_err(|e| SourceError::Catalog(name.clone(), e))?;
+                                    assembler.set_relation(relation, xid).map_err(|e| SourceError::Assembly(name.clone(), e))?;
+                                    Assembled::Nothing
+                                }
+                                other => assembler.push(wal_start, other).map_err(|e| SourceError::Assembly(name.clone(), e))?,
+                            };
+                            match assembled {
+                                Assembled::Nothing => {}
+                                Assembled::Message(m) => {
+                                    self.deliver(&mut conn, events, flushed, assembler, positions, SourceEvent::Message(m)).await?;
+                                }
+                                Assembled::Committed(txn) => self.emit(&mut conn, events, flushed, assembler, positions, txn).await?,
+                            }
+                        }
+                    }
+                }
+                _ = flushed.changed() => {
+                    let s = self.status(positions, *flushed.borrow(), assembler, false);
+                    conn.send_copy_data(s.encode()).await.map_err(|e| self.err(e))?;
+                }
+                _ = ticker.tick() => {
+                    let s = self.status(positions, *flushed.borrow(), assembler, false);
+                    conn.send_copy_data(s.encode()).await.map_err(|e| self.err(e))?;
+                }
+            }
+        }
+    }
+
+    async fn emit(
+        &self,
+        conn: &mut ReplicationConnection,
+        events: &mpsc::Sender<SourceEvent>,
+        flushed: &watch::Receiver<Lsn>,
+        assembler: &Assembler,
+        positions: &mut Positions,
+        txn: CommittedTransaction,
+    ) -> Result<(), SourceError> {
+        let name = &self.config.name;
+        if txn.info.end_lsn <= positions.last_emitted_end {
+            // Already handed downstream before a reconnect.
+            return Ok(());
+        }
+        let info = txn.info.clone();
+        self.deliver(conn, events, flushed, assembler, positions, SourceEvent::Begin(info.clone())).await?;
+        for change in txn.changes.into_changes().map_err(|e| SourceError::Spill(name.clone(), e))? {
+            let change = change.map_err(|e| SourceError::Spill(name.clone(), e))?;
+            self.deliver(conn, events, flushed, assembler, positions, SourceEvent::Change(change)).await?;
+        }
+        self.deliver(conn, events, flushed, assembler, positions, SourceEvent::Commit(info.clone())).await?;
+        positions.last_emitted_end = info.end_lsn;
+        self.stats.transactions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Hands one event downstream, waiting for room; while waiting, keeps
+    /// the publisher informed so it does not time the connection out.
+    async fn deliver(
+        &self,
+        conn: &mut ReplicationConnection,
+        events: &mpsc::Sender<SourceEvent>,
+        flushed: &watch::Receiver<Lsn>,
+        assembler: &Assembler,
+        positions: &mut Positions,
+        event: SourceEvent,
+    ) -> Result<(), SourceError> {
+        let closed = || SourceError::Snapshot(self.config.name.clone(), SnapshotError::Closed);
+        let mut event = Some(event);
+        loop {
+            match tokio::time::timeout(Duration::from_secs(self.config.status_interval), events.reserve()).await {
+                Ok(Ok(permit)) => {
+                    if let Some(e) = event.take() {
+                        permit.send(e);
+                    }
+                    return Ok(());
+                }
+                Ok(Err(_)) => return Err(closed()),
+                Err(_) => {
+                    let s = self.status(positions, *flushed.borrow(), assembler, false);
+                    conn.send_copy_data(s.encode()).await.map_err(|e| self.err(e))?;
+                }
+            }
+        }
+    }
+
+    async fn finish(
+        &self,
+        mut conn: ReplicationConnection,
+        flushed: &mut watch::Receiver<Lsn>,
+        assembler: &Assembler,
+        positions: &mut Positions,
+    ) -> Result<(), SourceError> {
+        // Give the consumers a moment to make what they received durable,
+        // so the final status update confirms as much as possible.
+        let target = positions.last_emitted_end;
+        let wait = async {
+            while *flushed.borrow() < target {
+                if flushed.changed().await.is_err() {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(10), wait).await;
+        let s = self.status(positions, *flushed.borrow(), assembler, false);
+        conn.send_copy_data(s.encode()).await.map_err(|e| self.err(e))?;
+        conn.finish_copy_both().await.map_err(|e| self.err(e))?;
+        conn.close().await;
+        tracing::info!(source = %self.config.name, confirmed = %s.flush, "stopped streaming");
+        Ok(())
+    }
+}
