@@ -12,7 +12,7 @@ use crate::pgoutput::RelationBody;
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
     /// The query failed.
-    #[error("catalog query failed ({what}): {source}")]
+    #[error("catalog query failed ({what}): {}", crate::wire::describe_pg_error(.source))]
     Query {
         /// What was being looked up.
         what: String,
@@ -281,8 +281,8 @@ pub async fn describe_table(
     let rows = client
         .query(
             "SELECT a.attname, a.atttypid, a.atttypmod, \
-                    coalesce(a.attnum = ANY((SELECT i.indkey::int2[] FROM pg_index i WHERE i.indrelid = a.attrelid \
-                        AND CASE c.relreplident WHEN 'd' THEN i.indisprimary WHEN 'i' THEN i.indisreplident ELSE false END LIMIT 1)), false) \
+                    EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = a.attrelid AND a.attnum = ANY(i.indkey) \
+                        AND CASE c.relreplident WHEN 'd' THEN i.indisprimary WHEN 'i' THEN i.indisreplident ELSE false END) \
              FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid \
              WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum",
             &[&table.oid],

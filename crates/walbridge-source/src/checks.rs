@@ -77,7 +77,7 @@ pub async fn check_source(config: &SourceConfig, params: &ConnParams) -> Vec<Fin
     };
     let mut findings = match sql_checks(config, &client, &target).await {
         Ok(f) => f,
-        Err(e) => vec![error(format!("source `{}`: checking {target} failed: {e}", config.name))],
+        Err(e) => vec![error(format!("source `{}`: checking {target} failed: {}", config.name, crate::wire::describe_pg_error(&e)))],
     };
     match ReplicationConnection::connect(params, config.application_name()).await {
         Ok(mut conn) => {
@@ -212,7 +212,10 @@ async fn slot_checks(config: &SourceConfig, conn: &mut ReplicationConnection, cl
                         )));
                     }
                 }
-                Err(e) => findings.push(error(format!("source `{name}`: cannot read slot capacity on {target}: {e}"))),
+                Err(e) => findings.push(error(format!(
+                    "source `{name}`: cannot read slot capacity on {target}: {}",
+                    crate::wire::describe_pg_error(&e)
+                ))),
             }
         }
     }

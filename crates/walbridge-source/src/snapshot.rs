@@ -39,7 +39,7 @@ pub enum SnapshotError {
     #[error("snapshot worker: {0}")]
     Connection(#[from] ConnectionError),
     /// A query failed.
-    #[error("snapshot of {table}: {source}")]
+    #[error("snapshot of {table}: {}", crate::wire::describe_pg_error(.source))]
     Copy {
         /// The table.
         table: String,

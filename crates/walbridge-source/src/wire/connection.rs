@@ -89,7 +89,7 @@ pub enum ConnectionError {
     #[error("the server closed the connection")]
     Closed,
     /// A SQL connection (tokio-postgres) failed.
-    #[error("{0}")]
+    #[error("{}", describe_pg_error(.0))]
     Sql(#[from] tokio_postgres::Error),
 }
 
@@ -438,6 +438,25 @@ impl ReplicationConnection {
         frontend::terminate(&mut self.write_buf);
         let _ = self.flush().await;
         let _ = self.io.shutdown().await;
+    }
+}
+
+/// The full text of a tokio-postgres error: the server's message, SQLSTATE,
+/// detail and hint, or the client-side cause.
+pub fn describe_pg_error(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        let mut text = format!("{}: {} (SQLSTATE {})", db.severity(), db.message(), db.code().code());
+        if let Some(d) = db.detail() {
+            text.push_str(&format!("; detail: {d}"));
+        }
+        if let Some(h) = db.hint() {
+            text.push_str(&format!("; hint: {h}"));
+        }
+        return text;
+    }
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
     }
 }
 

@@ -7,5 +7,5 @@ pub mod copyboth;
 pub mod params;
 pub mod tls;
 
-pub use connection::{ConnectionError, CopyMessage, QueryResult, ReplicationConnection, connect_sql};
+pub use connection::{ConnectionError, CopyMessage, QueryResult, ReplicationConnection, connect_sql, describe_pg_error};
 pub use params::{ConnParams, Host, ParamsError, SslMode};

@@ -1,0 +1,176 @@
+//! The configuration file: one TOML document, `${VAR}` expanded from the
+//! environment.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+use walbridge_source::SourceConfig;
+
+use crate::sink::jsonl::JsonlSinkConfig;
+
+/// The whole configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Directory for walbridge's state (slot bookkeeping, spill files).
+    pub data_dir: PathBuf,
+    /// The sources (`[[source]]`).
+    #[serde(rename = "source", default)]
+    pub sources: Vec<SourceConfig>,
+    /// The sinks (`[[sink]]`); without any, changes go to stdout as JSON lines.
+    #[serde(rename = "sink", default)]
+    pub sinks: Vec<SinkConfig>,
+}
+
+/// One `[[sink]]`, by `type`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum SinkConfig {
+    /// Newline-delimited JSON to stdout or a file.
+    Jsonl(JsonlSinkConfig),
+}
+
+impl SinkConfig {
+    /// The sink's name.
+    pub fn name(&self) -> &str {
+        match self {
+            SinkConfig::Jsonl(c) => &c.name,
+        }
+    }
+
+    /// The sources it reads, `None` for all.
+    pub fn sources(&self) -> Option<&[String]> {
+        match self {
+            SinkConfig::Jsonl(c) => c.sources.as_deref(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads, expands and validates the file at `path`.
+    pub fn load(path: &Path) -> anyhow::Result<Config> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read configuration file {}", path.display()))?;
+        Self::parse(&text, |name| std::env::var(name).ok()).with_context(|| format!("configuration file {}", path.display()))
+    }
+
+    /// Parses configuration text, expanding `${VAR}` with `env`.
+    pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<Config> {
+        let expanded = expand_env(text, env)?;
+        let mut config: Config = toml::from_str(&expanded).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+        if config.sinks.is_empty() {
+            config.sinks.push(SinkConfig::Jsonl(JsonlSinkConfig::stdout()));
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        let mut problems = Vec::new();
+        if self.sources.is_empty() {
+            problems.push("no [[source]] is configured".to_owned());
+        }
+        let mut names = HashSet::new();
+        let mut slots = HashSet::new();
+        for s in &self.sources {
+            if !names.insert(s.name.clone()) {
+                problems.push(format!("source name `{}` is used twice", s.name));
+            }
+            if !slots.insert(s.slot_name()) {
+                problems.push(format!("source `{}`: slot `{}` is used by another source", s.name, s.slot_name()));
+            }
+            problems.extend(s.validate());
+        }
+        let mut sink_names = HashSet::new();
+        for sink in &self.sinks {
+            if !sink_names.insert(sink.name().to_owned()) {
+                problems.push(format!("sink name `{}` is used twice", sink.name()));
+            }
+            for wanted in sink.sources().unwrap_or_default() {
+                if !names.contains(wanted) {
+                    problems.push(format!("sink `{}`: `sources` names `{wanted}`, which is not a configured source", sink.name()));
+                }
+            }
+        }
+        if !problems.is_empty() {
+            bail!("{}", problems.join("\n"));
+        }
+        Ok(())
+    }
+}
+
+/// Replaces `${NAME}` with the variable's value (escaped for TOML basic
+/// strings); `$${` stands for a literal `${`. An unset variable is an error.
+pub fn expand_env(text: &str, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(pos) = rest.find('$') {
+        out.push_str(&rest[..pos]);
+        let after = &rest[pos..];
+        if let Some(tail) = after.strip_prefix("$${") {
+            out.push_str("${");
+            rest = tail;
+        } else if let Some(tail) = after.strip_prefix("${") {
+            let end = tail.find('}').with_context(|| {
+                format!("unterminated `${{` on line {}", text[..text.len() - rest.len() + pos].lines().count().max(1))
+            })?;
+            let name = &tail[..end];
+            let line = text[..text.len() - rest.len() + pos].matches('\n').count() + 1;
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                bail!("line {line}: `${{{name}}}` is not a variable reference (names are letters, digits and _)");
+            }
+            let value = env(name).with_context(|| format!("line {line}: environment variable {name} is not set"))?;
+            out.push_str(&value.replace('\\', "\\\\").replace('"', "\\\""));
+            rest = &tail[end + 1..];
+        } else {
+            out.push('$');
+            rest = &after[1..];
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(name: &str) -> Option<String> {
+        match name {
+            "PW" => Some("se\"cret".into()),
+            "HOST" => Some("db1".into()),
+            _ => None,
+        }
+    }
+
+    const BASE: &str = r#"
+data_dir = "/tmp/wb"
+[[source]]
+name = "shop"
+connection = "host=${HOST} password=${PW}"
+publications = ["p"]
+"#;
+
+    #[test]
+    fn expands_variables_and_defaults_to_stdout() {
+        let c = Config::parse(BASE, env).unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(c.sources[0].connection, "host=db1 password=se\"cret");
+        assert_eq!(c.sources[0].slot_name(), "walbridge_shop");
+        assert!(matches!(&c.sinks[..], [SinkConfig::Jsonl(j)] if j.path == "-"));
+        assert_eq!(expand_env("a $${X} $5", env).unwrap_or_default(), "a ${X} $5");
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let err = |text: &str| format!("{:#}", Config::parse(text, env).err().unwrap_or_else(|| panic!("accepted: {text}")));
+        assert!(err(&BASE.replace("${HOST}", "${NOPE}")).contains("NOPE is not set"));
+        assert!(err(&format!("{BASE}colour = 1\n")).contains("colour"));
+        assert!(err(&BASE.replace("publications = [\"p\"]", "")).contains("publications"));
+        assert!(err(&format!("{BASE}[[sink]]\nname = \"k\"\ntype = \"kafkaa\"\n")).contains("kafkaa"));
+        assert!(err(&format!("{BASE}[[sink]]\nname = \"j\"\ntype = \"jsonl\"\nsources = [\"other\"]\n")).contains("not a configured source"));
+        assert!(err(&BASE.replace("publications = [\"p\"]", "publications = [\"p\"]\nsnapshot_workers = \"two\"")).contains("snapshot_workers"));
+        assert!(err(&BASE.replace("publications = [\"p\"]", "publications = [\"p\"]\nspill_threshold = \"lots\"")).contains("spill_threshold"));
+        assert!(err(&format!("{BASE}[[source]]\nname = \"shop\"\nconnection = \"\"\npublications = [\"p\"]\n")).contains("used twice"));
+    }
+}

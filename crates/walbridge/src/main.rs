@@ -1,0 +1,184 @@
+//! The `walbridge` command.
+
+mod config;
+mod pipeline;
+mod sink;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use walbridge_source::Source;
+use walbridge_source::checks::Severity;
+
+use crate::config::Config;
+
+/// Exit status for a configuration or usage error.
+const EXIT_CONFIG: u8 = 2;
+/// Exit status when a prerequisite check fails.
+const EXIT_PREREQUISITE: u8 = 3;
+/// Exit status for any other failure.
+const EXIT_FAILURE: u8 = 1;
+
+/// walbridge — change data capture from PostgreSQL.
+///
+/// Reads PostgreSQL publications through logical replication (pgoutput),
+/// copies the existing rows once, then streams every committed change in
+/// commit order to the configured sinks (JSON lines by default).
+///
+/// Exit status: 0 success, 1 runtime failure, 2 bad configuration or usage,
+/// 3 a prerequisite check failed. Errors are one line on stderr saying what
+/// is wrong and what to do.
+#[derive(Parser, Debug)]
+#[command(name = "walbridge", version, about, long_about, propagate_version = true)]
+struct Cli {
+    /// Log level filter, e.g. `info`, `debug`, `walbridge_source=trace`
+    /// (also RUST_LOG).
+    #[arg(long, global = true, default_value = "info", env = "WALBRIDGE_LOG")]
+    log: String,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the pipeline until SIGINT or SIGTERM.
+    ///
+    /// On first start each source creates its replication slot, copies the
+    /// published tables, then streams changes. Later starts continue from
+    /// the slot. SIGINT/SIGTERM stops streaming, flushes the sinks, confirms
+    /// the position to the publisher and exits 0.
+    Run {
+        /// The configuration file.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Validate the configuration and every prerequisite, without streaming.
+    ///
+    /// Checks wal_level, the role's REPLICATION/LOGIN attributes and SELECT
+    /// privileges, that the publications exist, replica identities, and the
+    /// slot (in use, invalidated, missing, no free slot or WAL sender).
+    Check {
+        /// The configuration file.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Drop sources' replication slots and state (like DROP SUBSCRIPTION).
+    ///
+    /// The next `run` starts over: a new slot and a fresh copy of the tables.
+    Drop {
+        /// The configuration file.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+        /// Only this source (default: all).
+        #[arg(long, value_name = "NAME")]
+        source: Option<String>,
+    },
+}
+
+fn init_logging(filter: &str) {
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| filter.to_owned());
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .init();
+}
+
+struct Failure {
+    code: u8,
+    error: anyhow::Error,
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(error: anyhow::Error) -> Self {
+        Failure { code: EXIT_FAILURE, error }
+    }
+}
+
+fn load(path: &std::path::Path) -> Result<Config, Failure> {
+    Config::load(path).map_err(|error| Failure { code: EXIT_CONFIG, error })
+}
+
+async fn check(path: &std::path::Path) -> Result<(), Failure> {
+    let config = load(path)?;
+    let mut errors = 0;
+    for source_config in &config.sources {
+        let source = Source::new(source_config.clone(), &config.data_dir).map_err(|e| Failure { code: EXIT_CONFIG, error: e.into() })?;
+        let findings = source.check().await;
+        for f in &findings {
+            eprintln!("{f}");
+        }
+        let source_errors = findings.iter().filter(|f| f.severity == Severity::Error).count();
+        if source_errors == 0 {
+            println!("ok: source `{}` is ready to replicate", source_config.name);
+        }
+        errors += source_errors;
+    }
+    if errors > 0 {
+        return Err(Failure { code: EXIT_PREREQUISITE, error: anyhow::anyhow!("{errors} prerequisite check(s) failed") });
+    }
+    Ok(())
+}
+
+async fn drop_sources(path: &std::path::Path, only: Option<&str>) -> Result<(), Failure> {
+    let config = load(path)?;
+    if let Some(name) = only {
+        if !config.sources.iter().any(|s| s.name == name) {
+            return Err(Failure { code: EXIT_CONFIG, error: anyhow::anyhow!("no source named `{name}` in {}", path.display()) });
+        }
+    }
+    for source_config in config.sources.iter().filter(|s| only.is_none_or(|n| n == s.name)) {
+        let source = Source::new(source_config.clone(), &config.data_dir).map_err(|e| Failure { code: EXIT_CONFIG, error: e.into() })?;
+        let existed = source.drop_slot_and_state().await.with_context(|| format!("cannot drop source `{}`", source_config.name))?;
+        let slot = source_config.slot_name();
+        if existed {
+            println!("dropped slot `{slot}` and the state of source `{}`", source_config.name);
+        } else {
+            println!("source `{}`: slot `{slot}` did not exist; state removed", source_config.name);
+        }
+    }
+    Ok(())
+}
+
+async fn run_pipeline(path: &std::path::Path) -> Result<(), Failure> {
+    let config = load(path)?;
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
+    pipeline::run(config).await.map_err(|error| {
+        let prerequisite = error.chain().any(|c| matches!(c.downcast_ref(), Some(walbridge_source::SourceError::Prerequisites(_))));
+        Failure { code: if prerequisite { EXIT_PREREQUISITE } else { EXIT_FAILURE }, error }
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("walbridge: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    let result = runtime.block_on(async {
+        match &cli.command {
+            Command::Run { config } => run_pipeline(config).await,
+            Command::Check { config } => check(config).await,
+            Command::Drop { config, source } => drop_sources(config, source.as_deref()).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure { code, error }) => {
+            // One line: the causes, outermost first.
+            let message = error.chain().map(|c| c.to_string()).collect::<Vec<_>>().join(": ");
+            eprintln!("walbridge: {}", message.replace('\n', "; "));
+            ExitCode::from(code)
+        }
+    }
+}

@@ -1,0 +1,42 @@
+use serde::Deserialize;
+
+/// Debezium's placeholder, so existing consumers recognize it.
+pub const DEFAULT_UNCHANGED_PLACEHOLDER: &str = "__debezium_unavailable_value";
+
+fn stdout_path() -> String {
+    "-".to_owned()
+}
+
+fn default_placeholder() -> String {
+    DEFAULT_UNCHANGED_PLACEHOLDER.to_owned()
+}
+
+/// `type = "jsonl"`: one JSON object per change.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonlSinkConfig {
+    /// Unique sink name.
+    pub name: String,
+    /// Sources to read; default every source.
+    #[serde(default)]
+    pub sources: Option<Vec<String>>,
+    /// `-` for standard output (the default), or a file to append to.
+    #[serde(default = "stdout_path")]
+    pub path: String,
+    /// Value written for an unchanged TOASTed column, which the publisher
+    /// does not send (default `__debezium_unavailable_value`).
+    #[serde(default = "default_placeholder")]
+    pub unchanged_toast_placeholder: String,
+}
+
+impl JsonlSinkConfig {
+    /// The default sink: every source to standard output.
+    pub fn stdout() -> Self {
+        JsonlSinkConfig {
+            name: "stdout".into(),
+            sources: None,
+            path: stdout_path(),
+            unchanged_toast_placeholder: default_placeholder(),
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! One JSON object per change:
+//!
+//! ```json
+//! {"op":"u","source":{"name":"shop","db":"shop","schema":"public","table":"orders",
+//!  "lsn":"0/16B3748","commit_lsn":"0/16B37A0","xid":735,"ts_us":1700000000000000},
+//!  "before":{"id":1},"after":{"id":1,"total":"9.50"}}
+//! ```
+//!
+//! `op`: `r` snapshot read, `c` insert, `u` update, `d` delete, `t`
+//! truncate, `m` logical decoding message. Values follow
+//! [`walbridge_core::json`].
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde_json::{Map, Value, json};
+use walbridge_core::json::datum_to_json;
+use walbridge_core::{Change, Datum, LogicalMessage, Lsn, OldRowKind, PgTimestamp, Relation, Row, TransactionInfo};
+
+/// Writes change lines for one sink.
+#[derive(Debug)]
+pub struct Encoder {
+    placeholder: Value,
+}
+
+/// Where a change sits: its source and transaction.
+pub struct Position<'a> {
+    /// Source name.
+    pub source: &'a str,
+    /// Publisher database.
+    pub database: &'a str,
+    /// The transaction, `None` for snapshot rows and non-transactional messages.
+    pub transaction: Option<&'a TransactionInfo>,
+}
+
+impl Encoder {
+    /// An encoder writing `placeholder` for unchanged TOASTed values.
+    pub fn new(placeholder: &str) -> Self {
+        Encoder { placeholder: Value::String(placeholder.to_owned()) }
+    }
+
+    fn row(&self, relation: &Relation, row: &Row, only_keys: bool) -> Value {
+        let mut map = Map::with_capacity(row.len());
+        for (column, datum) in relation.columns.iter().zip(row) {
+            if only_keys && !column.is_key {
+                continue;
+            }
+            map.insert(column.name.clone(), datum_to_json(datum, &column.kind, &self.placeholder));
+        }
+        Value::Object(map)
+    }
+
+    fn source(&self, at: &Position<'_>, relation: Option<&Relation>, lsn: Lsn, snapshot: bool) -> Value {
+        let (commit_lsn, xid, ts_us) = match at.transaction {
+            Some(t) => (Value::String(t.commit_lsn.to_string()), json!(t.xid), json!(t.commit_time.unix_micros())),
+            None => (Value::Null, Value::Null, json!(PgTimestamp::now().unix_micros())),
+        };
+        let mut source = json!({
+            "name": at.source,
+            "db": at.database,
+            "schema": relation.map(|r| r.schema.as_str()),
+            "table": relation.map(|r| r.name.as_str()),
+            "lsn": lsn.to_string(),
+            "commit_lsn": commit_lsn,
+            "xid": xid,
+            "ts_us": ts_us,
+        });
+        if snapshot {
+            source["snapshot"] = Value::Bool(true);
+        }
+        source
+    }
+
+    fn write(out: &mut Vec<u8>, value: &Value) {
+        // Serializing a Value into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, value);
+        out.push(b'\n');
+    }
+
+    /// Appends the line for a snapshot row.
+    pub fn snapshot_row(&self, out: &mut Vec<u8>, at: &Position<'_>, relation: &Relation, row: &Row, consistent_point: Lsn) {
+        let line = json!({
+            "op": "r",
+            "source": self.source(at, Some(relation), consistent_point, true),
+            "before": Value::Null,
+            "after": self.row(relation, row, false),
+        });
+        Self::write(out, &line);
+    }
+
+    /// Appends the line for a logical decoding message.
+    pub fn message(&self, out: &mut Vec<u8>, at: &Position<'_>, m: &LogicalMessage) {
+        let line = json!({
+            "op": "m",
+            "source": self.source(at, None, m.lsn, false),
+            "message": {"prefix": m.prefix, "content": BASE64.encode(&m.content), "transactional": m.transactional},
+        });
+        Self::write(out, &line);
+    }
+
+    /// Appends the line for a change.
+    pub fn change(&self, out: &mut Vec<u8>, at: &Position<'_>, change: &Change) {
+        let line = match change {
+            Change::Insert { lsn, relation, new } => json!({
+                "op": "c",
+                "source": self.source(at, Some(relation), *lsn, false),
+                "before": Value::Null,
+                "after": self.row(relation, new, false),
+            }),
+            Change::Update { lsn, relation, old, new } => json!({
+                "op": "u",
+                "source": self.source(at, Some(relation), *lsn, false),
+                "before": old.as_ref().map_or(Value::Null, |o| self.row(relation, &o.row, o.kind == OldRowKind::Key)),
+                "after": self.row(relation, &merge_unchanged(new, old.as_ref().map(|o| &o.row)), false),
+            }),
+            Change::Delete { lsn, relation, old } => json!({
+                "op": "d",
+                "source": self.source(at, Some(relation), *lsn, false),
+                "before": self.row(relation, &old.row, old.kind == OldRowKind::Key),
+                "after": Value::Null,
+            }),
+            Change::Truncate(t) => json!({
+                "op": "t",
+                "source": self.source(at, None, t.lsn, false),
+                "truncate": {
+                    "tables": t.relations.iter().map(|r| json!({"schema": r.schema, "table": r.name})).collect::<Vec<_>>(),
+                    "cascade": t.options.cascade,
+                    "restart_identity": t.options.restart_identity,
+                },
+            }),
+            Change::Message(m) => return self.message(out, at, m),
+        };
+        Self::write(out, &line);
+    }
+}
+
+/// With REPLICA IDENTITY FULL the old row carries the TOASTed values the
+/// new row leaves out: use them instead of the placeholder.
+fn merge_unchanged(new: &Row, old: Option<&Row>) -> Row {
+    match old {
+        Some(old) if new.iter().any(|d| *d == Datum::UnchangedToast) => new
+            .iter()
+            .zip(old)
+            .map(|(n, o)| if *n == Datum::UnchangedToast && *o != Datum::UnchangedToast { o.clone() } else { n.clone() })
+            .collect(),
+        _ => new.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use walbridge_core::{Column, OldRow, ReplicaIdentity, ValueKind};
+
+    use super::*;
+
+    fn relation() -> Arc<Relation> {
+        let column = |name: &str, kind: ValueKind, is_key| Column {
+            name: name.into(),
+            type_oid: 0,
+            type_modifier: -1,
+            type_name: String::new(),
+            kind,
+            is_key,
+        };
+        Arc::new(Relation {
+            id: 1,
+            schema: "public".into(),
+            name: "t".into(),
+            replica_identity: ReplicaIdentity::Default,
+            columns: vec![column("id", ValueKind::Int4, true), column("doc", ValueKind::Text, false)],
+        })
+    }
+
+    fn text(s: &str) -> Datum {
+        Datum::Text(Bytes::copy_from_slice(s.as_bytes()))
+    }
+
+    #[test]
+    fn update_with_key_change_and_unchanged_toast() {
+        let e = Encoder::new("?");
+        let info = TransactionInfo {
+            xid: 7,
+            commit_lsn: Lsn(0x10),
+            end_lsn: Lsn(0x20),
+            commit_time: PgTimestamp(0),
+            origin: None,
+            gid: None,
+        };
+        let at = Position { source: "s", database: "d", transaction: Some(&info) };
+        let change = Change::Update {
+            lsn: Lsn(5),
+            relation: relation(),
+            old: Some(OldRow { kind: OldRowKind::Key, row: vec![text("1"), Datum::Null] }),
+            new: vec![text("2"), Datum::UnchangedToast],
+        };
+        let mut out = Vec::new();
+        e.change(&mut out, &at, &change);
+        let v: Value = serde_json::from_slice(&out).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(v["op"], "u");
+        assert_eq!(v["before"], json!({"id": 1}));
+        assert_eq!(v["after"], json!({"id": 2, "doc": "?"}));
+        assert_eq!(v["source"]["lsn"], "0/5");
+        assert_eq!(v["source"]["commit_lsn"], "0/10");
+        assert_eq!(v["source"]["xid"], 7);
+        assert_eq!(v["source"]["ts_us"], 946_684_800_000_000i64);
+        assert_eq!(out.last(), Some(&b'\n'));
+    }
+}

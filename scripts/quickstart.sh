@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Quickstart: starts a throwaway local PostgreSQL with wal_level=logical,
+# creates a table with sample rows and a publication, and runs walbridge
+# printing every change as a JSON line on stdout. A background writer makes
+# a few changes so you can watch them stream. Ctrl-C stops everything and
+# removes the throwaway server.
+#
+#   scripts/quickstart.sh            # uses initdb/pg_ctl/postgres from PATH
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d /tmp/walbridge-quickstart.XXXXXX)
+chmod 755 "$work"
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+
+# The server refuses to run as root: use the postgres OS user then.
+as_server() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+if [ "$(id -u)" = 0 ]; then chown postgres "$work"; fi
+
+cleanup() {
+  [ -n "${writer:-}" ] && kill "$writer" 2>/dev/null || true
+  as_server pg_ctl -D "$work/data" -m fast -w stop >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+if [ -z "${WALBRIDGE_BIN:-}" ]; then
+  echo "quickstart: building walbridge (release)" >&2
+  cargo build --quiet --release -p walbridge --manifest-path "$here/Cargo.toml"
+fi
+bin="${WALBRIDGE_BIN:-$here/target/release/walbridge}"
+
+echo "quickstart: starting PostgreSQL on 127.0.0.1:$port (data in $work)" >&2
+as_server initdb -D "$work/data" -U postgres -A trust -E UTF8 --locale=C >/dev/null
+cat >> "$work/data/postgresql.conf" <<CONF
+wal_level = logical
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$work'
+port = $port
+CONF
+as_server pg_ctl -D "$work/data" -l "$work/data/server.log" -w start >/dev/null
+
+sql() { psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d shop "$@"; }
+psql -X -q -h 127.0.0.1 -p "$port" -U postgres -d postgres -c "CREATE DATABASE shop"
+sql <<'SQL'
+CREATE TABLE orders (id bigserial PRIMARY KEY, customer text NOT NULL, total numeric(10,2), items jsonb, placed_at timestamptz DEFAULT now());
+INSERT INTO orders (customer, total, items) VALUES
+  ('ada', 12.50, '[{"sku": "tea", "qty": 2}]'),
+  ('grace', 99.00, '[{"sku": "book", "qty": 1}]'),
+  ('linus', 5.25, '[]');
+CREATE PUBLICATION shop_pub FOR TABLE orders;
+SQL
+
+mkdir -p "$work/walbridge"
+cat > "$work/walbridge.toml" <<CONF
+data_dir = "$work/walbridge"
+
+[[source]]
+name = "shop"
+connection = "host=127.0.0.1 port=$port dbname=shop user=postgres"
+publications = ["shop_pub"]
+
+[[sink]]
+name = "stdout"
+type = "jsonl"
+path = "-"
+CONF
+echo "quickstart: configuration in $work/walbridge.toml; Ctrl-C to stop" >&2
+
+(
+  sleep 3
+  for i in $(seq 1 20); do
+    sql -c "INSERT INTO orders (customer, total) VALUES ('customer$i', $i.99)" \
+        -c "UPDATE orders SET total = total + 1 WHERE id = 1" >/dev/null 2>&1 || exit 0
+    [ $((i % 5)) = 0 ] && sql -c "DELETE FROM orders WHERE customer = 'customer$((i - 1))'" >/dev/null 2>&1
+    sleep 2
+  done
+) &
+writer=$!
+
+"$bin" run -c "$work/walbridge.toml"
