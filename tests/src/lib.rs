@@ -13,6 +13,8 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+pub mod walbridge;
+
 /// The OS user that runs servers when the tests run as root.
 const SERVER_OS_USER: &str = "postgres";
 
@@ -27,14 +29,16 @@ pub fn server_bin_dir() -> Option<PathBuf> {
         return Some(PathBuf::from(dir));
     }
     let version = std::env::var("WALBRIDGE_PG_VERSION").ok()?;
-    let root = std::env::var("WALBRIDGE_PG_ROOT").map(PathBuf::from).unwrap_or_else(|_| {
-        if is_root() {
-            PathBuf::from("/var/cache/walbridge/pg")
-        } else {
-            let home = std::env::var("HOME").unwrap_or_default();
-            PathBuf::from(home).join(".cache/walbridge/pg")
-        }
-    });
+    let root = std::env::var("WALBRIDGE_PG_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            if is_root() {
+                PathBuf::from("/var/cache/walbridge/pg")
+            } else {
+                let home = std::env::var("HOME").unwrap_or_default();
+                PathBuf::from(home).join(".cache/walbridge/pg")
+            }
+        });
     let dir = root.join(&version).join("bin");
     assert!(
         dir.join("postgres").exists(),
@@ -76,7 +80,10 @@ fn run(mut command: Command, what: &str) -> Output {
 /// A free TCP port on the loopback interface.
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("no free port: {e}"));
-    listener.local_addr().map(|a| a.port()).unwrap_or_else(|e| panic!("no local address: {e}"))
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no local address: {e}"))
 }
 
 /// Settings for a new cluster.
@@ -174,11 +181,23 @@ impl Cluster {
                 },
                 "chown",
             );
-            std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
-                .unwrap_or_else(|e| panic!("chmod: {e}"));
+            std::fs::set_permissions(
+                dir.path(),
+                std::os::unix::fs::PermissionsExt::from_mode(0o755),
+            )
+            .unwrap_or_else(|e| panic!("chmod: {e}"));
         }
         let mut initdb = server_command("initdb");
-        initdb.args(["-D"]).arg(&data).args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"]);
+        initdb.args(["-D"]).arg(&data).args([
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+        ]);
         run(initdb, "initdb");
         let version_text = std::fs::read_to_string(data.join("PG_VERSION")).unwrap_or_default();
         let major: u32 = version_text.trim().parse().unwrap_or(0);
@@ -186,20 +205,31 @@ impl Cluster {
         for (name, value) in &builder.settings {
             conf.push_str(&format!("{name} = {value}\n"));
         }
-        conf.push_str(&format!("unix_socket_directories = '{}'\nlisten_addresses = '127.0.0.1'\n", sockets.display()));
+        conf.push_str(&format!(
+            "unix_socket_directories = '{}'\nlisten_addresses = '127.0.0.1'\n",
+            sockets.display()
+        ));
         if builder.ssl {
             make_certificates(dir.path(), &data);
             conf.push_str("ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n");
         }
         append(&data.join("postgresql.conf"), &conf);
-        std::fs::write(data.join("pg_hba.conf"), builder.hba.join("\n") + "\n").unwrap_or_else(|e| panic!("pg_hba: {e}"));
+        std::fs::write(data.join("pg_hba.conf"), builder.hba.join("\n") + "\n")
+            .unwrap_or_else(|e| panic!("pg_hba: {e}"));
         let mut last_error = String::new();
         for _ in 0..5 {
             let port = free_port();
             match pg_ctl_start(dir.path(), port) {
                 Ok(()) => {
-                    let mut cluster = Cluster { dir, port, version_num: major * 10_000 };
-                    cluster.version_num = cluster.query_scalar("SHOW server_version_num").parse().unwrap_or(0);
+                    let mut cluster = Cluster {
+                        dir,
+                        port,
+                        version_num: major * 10_000,
+                    };
+                    cluster.version_num = cluster
+                        .query_scalar("SHOW server_version_num")
+                        .parse()
+                        .unwrap_or(0);
                     return cluster;
                 }
                 // Another process may have taken the port in between.
@@ -251,7 +281,10 @@ impl Cluster {
 
     /// A libpq connection string for `user` on `dbname` over TCP.
     pub fn connstr(&self, user: &str, dbname: &str) -> String {
-        format!("host=127.0.0.1 port={} user={user} dbname={dbname} sslmode=disable", self.port)
+        format!(
+            "host=127.0.0.1 port={} user={user} dbname={dbname} sslmode=disable",
+            self.port
+        )
     }
 
     /// The superuser connection string for database `postgres`.
@@ -263,9 +296,21 @@ impl Cluster {
     /// `dbname`; panics on any error. Returns unaligned, tuples-only output.
     pub fn psql_db(&self, dbname: &str, sql: &str) -> String {
         let mut c = Command::new("psql");
-        c.args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-A", "-t", "-h", "127.0.0.1", "-U", "postgres", "-p"])
-            .arg(self.port.to_string())
-            .args(["-d", dbname, "-c", sql]);
+        c.args([
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-A",
+            "-t",
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-p",
+        ])
+        .arg(self.port.to_string())
+        .args(["-d", dbname, "-c", sql]);
         let out = run(c, &format!("psql `{sql}`"));
         String::from_utf8_lossy(&out.stdout).trim_end().to_owned()
     }
@@ -278,7 +323,19 @@ impl Cluster {
     /// Runs SQL with `psql`, returning its error text when it fails.
     pub fn psql_result(&self, sql: &str) -> Result<String, String> {
         let out = Command::new("psql")
-            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-A", "-t", "-h", "127.0.0.1", "-U", "postgres", "-p"])
+            .args([
+                "-X",
+                "-q",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-A",
+                "-t",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-p",
+            ])
             .arg(self.port.to_string())
             .args(["-d", "postgres", "-c", sql])
             .stdin(Stdio::null())
@@ -298,16 +355,18 @@ impl Cluster {
 
     /// A tokio-postgres client as the superuser on `dbname`.
     pub async fn client(&self, dbname: &str) -> tokio_postgres::Client {
-        let (client, conn) = tokio_postgres::connect(&self.connstr("postgres", dbname), tokio_postgres::NoTls)
-            .await
-            .unwrap_or_else(|e| panic!("connect: {e}"));
+        let (client, conn) =
+            tokio_postgres::connect(&self.connstr("postgres", dbname), tokio_postgres::NoTls)
+                .await
+                .unwrap_or_else(|e| panic!("connect: {e}"));
         tokio::spawn(conn);
         client
     }
 
     /// Rewrites `pg_hba.conf` and reloads the configuration.
     pub fn set_hba(&self, lines: &[&str]) {
-        std::fs::write(self.data_dir().join("pg_hba.conf"), lines.join("\n") + "\n").unwrap_or_else(|e| panic!("pg_hba: {e}"));
+        std::fs::write(self.data_dir().join("pg_hba.conf"), lines.join("\n") + "\n")
+            .unwrap_or_else(|e| panic!("pg_hba: {e}"));
         self.psql("SELECT pg_reload_conf()");
         // The postmaster rereads the file asynchronously.
         std::thread::sleep(Duration::from_millis(300));
@@ -328,8 +387,14 @@ impl Cluster {
     /// Stops the server immediately.
     pub fn stop(&self) {
         let mut c = server_command("pg_ctl");
-        c.args(["-D"]).arg(self.data_dir()).args(["-m", "immediate", "-w", "stop"]);
-        let _ = c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).status();
+        c.args(["-D"])
+            .arg(self.data_dir())
+            .args(["-m", "immediate", "-w", "stop"]);
+        let _ = c
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
     }
 }
 
@@ -364,8 +429,12 @@ fn pg_ctl_start(dir: &Path, port: u16) -> Result<(), String> {
 
 fn append(path: &Path, text: &str) {
     use std::io::Write;
-    let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap_or_else(|e| panic!("open {path:?}: {e}"));
-    f.write_all(text.as_bytes()).unwrap_or_else(|e| panic!("write {path:?}: {e}"));
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("open {path:?}: {e}"));
+    f.write_all(text.as_bytes())
+        .unwrap_or_else(|e| panic!("write {path:?}: {e}"));
 }
 
 /// A CA and a server certificate for localhost/127.0.0.1, made with the
@@ -376,20 +445,71 @@ fn make_certificates(dir: &Path, data: &Path) {
         c.args(args).current_dir(dir);
         run(c, &format!("openssl {}", args.join(" ")));
     };
-    openssl(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=walbridge test CA", "-keyout", "ca.key", "-out", "ca.crt"]);
-    openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-keyout", "server.key", "-out", "server.csr"]);
-    std::fs::write(dir.join("san.ext"), "subjectAltName=DNS:localhost,IP:127.0.0.1\n").unwrap_or_else(|e| panic!("{e}"));
-    openssl(&["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2", "-extfile", "san.ext", "-out", "server.crt"]);
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=walbridge test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=localhost",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ]);
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "server.crt",
+    ]);
     for file in ["server.crt", "server.key"] {
-        std::fs::copy(dir.join(file), data.join(file)).unwrap_or_else(|e| panic!("copy {file}: {e}"));
+        std::fs::copy(dir.join(file), data.join(file))
+            .unwrap_or_else(|e| panic!("copy {file}: {e}"));
     }
     if is_root() {
         let mut c = Command::new("chown");
-        c.args([SERVER_OS_USER]).arg(data.join("server.crt")).arg(data.join("server.key"));
+        c.args([SERVER_OS_USER])
+            .arg(data.join("server.crt"))
+            .arg(data.join("server.key"));
         run(c, "chown");
     }
-    std::fs::set_permissions(data.join("server.key"), std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .unwrap_or_else(|e| panic!("chmod: {e}"));
+    std::fs::set_permissions(
+        data.join("server.key"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap_or_else(|e| panic!("chmod: {e}"));
 }
 
 /// The cargo target directory of this workspace.

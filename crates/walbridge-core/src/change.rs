@@ -99,7 +99,9 @@ impl Change {
     /// The WAL position of the change.
     pub fn lsn(&self) -> Lsn {
         match self {
-            Change::Insert { lsn, .. } | Change::Update { lsn, .. } | Change::Delete { lsn, .. } => *lsn,
+            Change::Insert { lsn, .. }
+            | Change::Update { lsn, .. }
+            | Change::Delete { lsn, .. } => *lsn,
             Change::Truncate(t) => t.lsn,
             Change::Message(m) => m.lsn,
         }
@@ -112,7 +114,9 @@ impl Change {
         OVERHEAD
             + match self {
                 Change::Insert { new, .. } => row(new),
-                Change::Update { old, new, .. } => row(new) + old.as_ref().map_or(0, |o| row(&o.row)),
+                Change::Update { old, new, .. } => {
+                    row(new) + old.as_ref().map_or(0, |o| row(&o.row))
+                }
                 Change::Delete { old, .. } => row(&old.row),
                 Change::Truncate(t) => t.relations.len() * 8,
                 Change::Message(m) => m.prefix.len() + m.content.len(),

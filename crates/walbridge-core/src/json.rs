@@ -79,10 +79,11 @@ pub fn text_to_json(text: &str, kind: &ValueKind) -> Value {
 
 fn integer(text: &str) -> Value {
     let digits = text.strip_prefix('-').unwrap_or(text);
-    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
-        if let Ok(n) = text.parse::<Number>() {
-            return Value::Number(n);
-        }
+    if !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && let Ok(n) = text.parse::<Number>()
+    {
+        return Value::Number(n);
     }
     Value::String(text.to_owned())
 }
@@ -99,7 +100,7 @@ fn float(text: &str) -> Value {
 
 fn decode_hex(hex: &str) -> Option<Vec<u8>> {
     let hex = hex.as_bytes();
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return None;
     }
     let nibble = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
@@ -172,7 +173,11 @@ fn iso_timestamp(text: &str, with_zone: bool) -> String {
         (text, String::new())
     };
     let local = local.replacen(' ', "T", 1);
-    let local = if bc { bc_to_astronomical(&local) } else { local };
+    let local = if bc {
+        bc_to_astronomical(&local)
+    } else {
+        local
+    };
     format!("{local}{offset}")
 }
 
@@ -262,7 +267,9 @@ fn array_to_json(node: &ArrayNode, element: &ValueKind) -> Value {
     match node {
         ArrayNode::Null => Value::Null,
         ArrayNode::Element(text) => text_to_json(text, element),
-        ArrayNode::Nested(items) => Value::Array(items.iter().map(|n| array_to_json(n, element)).collect()),
+        ArrayNode::Nested(items) => {
+            Value::Array(items.iter().map(|n| array_to_json(n, element)).collect())
+        }
     }
 }
 
@@ -280,9 +287,10 @@ fn binary_scalar(b: &[u8], kind: &ValueKind) -> Option<Value> {
         ValueKind::Int4 => Some(Value::from(i32::from_be_bytes(b.try_into().ok()?))),
         ValueKind::Int8 => Some(Value::from(i64::from_be_bytes(b.try_into().ok()?))),
         ValueKind::Oid => Some(Value::from(u32::from_be_bytes(b.try_into().ok()?))),
-        ValueKind::Float4 => Some(float_value(f64::from(f32::from_be_bytes(b.try_into().ok()?)), || {
-            f32::from_be_bytes(b.try_into().unwrap_or_default()).to_string()
-        })),
+        ValueKind::Float4 => Some(float_value(
+            f64::from(f32::from_be_bytes(b.try_into().ok()?)),
+            || f32::from_be_bytes(b.try_into().unwrap_or_default()).to_string(),
+        )),
         ValueKind::Float8 => {
             let v = f64::from_be_bytes(b.try_into().ok()?);
             Some(float_value(v, || v.to_string()))
@@ -299,7 +307,14 @@ fn binary_scalar(b: &[u8], kind: &ValueKind) -> Option<Value> {
             if h.len() != 32 {
                 return None;
             }
-            text(format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..]))
+            text(format!(
+                "{}-{}-{}-{}-{}",
+                &h[0..8],
+                &h[8..12],
+                &h[12..16],
+                &h[16..20],
+                &h[20..]
+            ))
         }
         ValueKind::Date => {
             let days = i32::from_be_bytes(b.try_into().ok()?);
@@ -312,7 +327,11 @@ fn binary_scalar(b: &[u8], kind: &ValueKind) -> Option<Value> {
         ValueKind::Time => text(format_time(i64::from_be_bytes(b.try_into().ok()?))),
         ValueKind::Timestamp | ValueKind::TimestampTz => {
             let micros = i64::from_be_bytes(b.try_into().ok()?);
-            let zone = if matches!(kind, ValueKind::TimestampTz) { "Z" } else { "" };
+            let zone = if matches!(kind, ValueKind::TimestampTz) {
+                "Z"
+            } else {
+                ""
+            };
             text(match micros {
                 i64::MAX => "infinity".to_owned(),
                 i64::MIN => "-infinity".to_owned(),
@@ -334,7 +353,10 @@ fn float_value(v: f64, shortest: impl Fn() -> String) -> Value {
     } else if v.is_infinite() {
         Value::String(if v > 0.0 { "Infinity" } else { "-Infinity" }.into())
     } else {
-        shortest().parse::<Number>().map(Value::Number).unwrap_or(Value::Null)
+        shortest()
+            .parse::<Number>()
+            .map(Value::Number)
+            .unwrap_or(Value::Null)
     }
 }
 
@@ -386,8 +408,15 @@ fn numeric_binary_to_string(b: &[u8]) -> Option<String> {
         0x0000 | 0x4000 => {}
         _ => return None,
     }
-    let digits: Vec<i64> = (0..ndigits).map(|i| word(8 + 2 * i).map(i64::from)).collect::<Option<_>>()?;
-    let digit_at = |idx: i64| -> i64 { usize::try_from(idx).ok().and_then(|i| digits.get(i).copied()).unwrap_or(0) };
+    let digits: Vec<i64> = (0..ndigits)
+        .map(|i| word(8 + 2 * i).map(i64::from))
+        .collect::<Option<_>>()?;
+    let digit_at = |idx: i64| -> i64 {
+        usize::try_from(idx)
+            .ok()
+            .and_then(|i| digits.get(i).copied())
+            .unwrap_or(0)
+    };
     let mut out = String::new();
     if sign == 0x4000 {
         out.push('-');
@@ -431,46 +460,88 @@ mod tests {
     fn scalars() {
         assert_eq!(t("t", ValueKind::Bool), json!(true));
         assert_eq!(t("-32768", ValueKind::Int2), json!(-32768));
-        assert_eq!(t("9223372036854775807", ValueKind::Int8).to_string(), "9223372036854775807");
+        assert_eq!(
+            t("9223372036854775807", ValueKind::Int8).to_string(),
+            "9223372036854775807"
+        );
         assert_eq!(t("0.1", ValueKind::Float4).to_string(), "0.1");
-        assert_eq!(t("1.7976931348623157e+308", ValueKind::Float8).to_string(), "1.7976931348623157e+308");
+        assert_eq!(
+            t("1.7976931348623157e+308", ValueKind::Float8).to_string(),
+            "1.7976931348623157e+308"
+        );
         assert_eq!(t("NaN", ValueKind::Float8), json!("NaN"));
         assert_eq!(t("-Infinity", ValueKind::Float4), json!("-Infinity"));
-        assert_eq!(t("123456789012345678901234567890.123", ValueKind::Numeric), json!("123456789012345678901234567890.123"));
+        assert_eq!(
+            t("123456789012345678901234567890.123", ValueKind::Numeric),
+            json!("123456789012345678901234567890.123")
+        );
         assert_eq!(t("\\xdeadbeef", ValueKind::Bytea), json!("3q2+7w=="));
-        assert_eq!(t(r#"{"a": [1, 2.50]}"#, ValueKind::Jsonb).to_string(), r#"{"a":[1,2.50]}"#);
+        assert_eq!(
+            t(r#"{"a": [1, 2.50]}"#, ValueKind::Jsonb).to_string(),
+            r#"{"a":[1,2.50]}"#
+        );
     }
 
     #[test]
     fn dates_and_times_are_iso_8601() {
         assert_eq!(t("2024-02-29", ValueKind::Date), json!("2024-02-29"));
         assert_eq!(t("0044-03-15 BC", ValueKind::Date), json!("-0043-03-15"));
-        assert_eq!(t("2024-02-29 13:14:15.5", ValueKind::Timestamp), json!("2024-02-29T13:14:15.5"));
-        assert_eq!(t("2024-02-29 13:14:15.5+00", ValueKind::TimestampTz), json!("2024-02-29T13:14:15.5Z"));
-        assert_eq!(t("2024-02-29 13:14:15-05:30", ValueKind::TimestampTz), json!("2024-02-29T13:14:15-05:30"));
+        assert_eq!(
+            t("2024-02-29 13:14:15.5", ValueKind::Timestamp),
+            json!("2024-02-29T13:14:15.5")
+        );
+        assert_eq!(
+            t("2024-02-29 13:14:15.5+00", ValueKind::TimestampTz),
+            json!("2024-02-29T13:14:15.5Z")
+        );
+        assert_eq!(
+            t("2024-02-29 13:14:15-05:30", ValueKind::TimestampTz),
+            json!("2024-02-29T13:14:15-05:30")
+        );
         assert_eq!(t("13:14:15+02", ValueKind::TimeTz), json!("13:14:15+02:00"));
         assert_eq!(t("infinity", ValueKind::TimestampTz), json!("infinity"));
     }
 
     #[test]
     fn arrays_nest_and_convert_elements() {
-        let ints = ValueKind::Array { element: Box::new(ValueKind::Int4), delimiter: b',' };
+        let ints = ValueKind::Array {
+            element: Box::new(ValueKind::Int4),
+            delimiter: b',',
+        };
         assert_eq!(t("{1,2,NULL}", ints.clone()), json!([1, 2, null]));
         assert_eq!(t("{{1,2},{3,4}}", ints.clone()), json!([[1, 2], [3, 4]]));
         assert_eq!(t("[0:1]={5,6}", ints.clone()), json!([5, 6]));
         assert_eq!(t("{}", ints), json!([]));
-        let texts = ValueKind::Array { element: Box::new(ValueKind::Text), delimiter: b',' };
-        assert_eq!(t(r#"{"a b","c\"d",NULL,"NULL"}"#, texts.clone()), json!(["a b", "c\"d", null, "NULL"]));
+        let texts = ValueKind::Array {
+            element: Box::new(ValueKind::Text),
+            delimiter: b',',
+        };
+        assert_eq!(
+            t(r#"{"a b","c\"d",NULL,"NULL"}"#, texts.clone()),
+            json!(["a b", "c\"d", null, "NULL"])
+        );
         assert_eq!(t("{unterminated", texts), json!("{unterminated"));
     }
 
     #[test]
     fn binary_forms() {
-        assert_eq!(binary_to_json(&42i32.to_be_bytes(), &ValueKind::Int4), json!(42));
-        assert_eq!(binary_to_json(&0i32.to_be_bytes(), &ValueKind::Date), json!("2000-01-01"));
-        assert_eq!(binary_to_json(&(-1i32).to_be_bytes(), &ValueKind::Date), json!("1999-12-31"));
+        assert_eq!(
+            binary_to_json(&42i32.to_be_bytes(), &ValueKind::Int4),
+            json!(42)
+        );
+        assert_eq!(
+            binary_to_json(&0i32.to_be_bytes(), &ValueKind::Date),
+            json!("2000-01-01")
+        );
+        assert_eq!(
+            binary_to_json(&(-1i32).to_be_bytes(), &ValueKind::Date),
+            json!("1999-12-31")
+        );
         let ts = 86_400_000_000i64 + 1_500_000;
-        assert_eq!(binary_to_json(&ts.to_be_bytes(), &ValueKind::TimestampTz), json!("2000-01-02T00:00:01.5Z"));
+        assert_eq!(
+            binary_to_json(&ts.to_be_bytes(), &ValueKind::TimestampTz),
+            json!("2000-01-02T00:00:01.5Z")
+        );
         // numeric 12345.678: ndigits 3, weight 1, sign +, dscale 3, digits 1 2345 6780
         let mut n = Vec::new();
         for w in [3i16, 1, 0, 3, 1, 2345, 6780] {

@@ -26,7 +26,9 @@ impl fmt::Display for Lsn {
 
 /// The text given to [`Lsn::from_str`] is not of the form `X/Y`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("`{0}` is not a WAL position; expected two hexadecimal numbers separated by a slash, like 16/B374D848")]
+#[error(
+    "`{0}` is not a WAL position; expected two hexadecimal numbers separated by a slash, like 16/B374D848"
+)]
 pub struct ParseLsnError(pub String);
 
 impl FromStr for Lsn {

@@ -34,6 +34,9 @@ mod tests {
     #[test]
     fn converts_between_epochs() {
         assert_eq!(PgTimestamp(0).unix_micros(), 946_684_800_000_000);
-        assert_eq!(PgTimestamp::from_unix_micros(946_684_800_000_001), PgTimestamp(1));
+        assert_eq!(
+            PgTimestamp::from_unix_micros(946_684_800_000_001),
+            PgTimestamp(1)
+        );
     }
 }

@@ -25,8 +25,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use walbridge_core::{
-    Change, LogicalMessage, Lsn, OldRow, OldRowKind, Origin, PgTimestamp, Relation, RelationId, Truncate,
-    TruncateOptions, TransactionInfo,
+    Change, LogicalMessage, Lsn, OldRow, OldRowKind, Origin, PgTimestamp, Relation, RelationId,
+    TransactionInfo, Truncate, TruncateOptions,
 };
 
 use crate::pgoutput::{Message, OldTupleKind};
@@ -62,7 +62,9 @@ pub enum AssemblyError {
         xid: u32,
     },
     /// COMMIT PREPARED for a transaction never prepared in this stream.
-    #[error("COMMIT PREPARED for '{0}', whose PREPARE was never received; the slot may have been used by another client — recreate it with `walbridge drop`")]
+    #[error(
+        "COMMIT PREPARED for '{0}', whose PREPARE was never received; the slot may have been used by another client — recreate it with `walbridge drop`"
+    )]
     UnknownPrepared(String),
     /// Begin inside a transaction, Commit without Begin, ….
     #[error("pgoutput sent {0} out of sequence")]
@@ -114,7 +116,11 @@ impl ChangeBuffer {
 
     fn note_subxact(&mut self, top_xid: u32, subxid: u32) {
         if subxid != top_xid && !self.subxacts.iter().any(|s| s.subxid == subxid) {
-            self.subxacts.push(SubxactStart { subxid, index: self.count, spill_offset: None });
+            self.subxacts.push(SubxactStart {
+                subxid,
+                index: self.count,
+                spill_offset: None,
+            });
         }
     }
 
@@ -125,7 +131,9 @@ impl ChangeBuffer {
         }
         let writer = match &mut self.spill {
             Some(w) => w,
-            None => self.spill.insert(SpillWriter::create(self.spill_path.clone())?),
+            None => self
+                .spill
+                .insert(SpillWriter::create(self.spill_path.clone())?),
         };
         for (offset, change) in self.memory.drain(..).enumerate() {
             let index = self.spilled_count + offset;
@@ -181,7 +189,10 @@ impl ChangeBuffer {
             Some(w) => Some(w.into_reader()?),
             None => None,
         };
-        Ok(ChangeIter { reader, memory: self.memory.into_iter() })
+        Ok(ChangeIter {
+            reader,
+            memory: self.memory.into_iter(),
+        })
     }
 
     fn discard(self) {
@@ -312,7 +323,10 @@ impl Assembler {
 
     fn new_buffer(&mut self) -> ChangeBuffer {
         self.next_spill_id += 1;
-        ChangeBuffer::new(self.spill_dir.join(format!("txn-{}.spill", self.next_spill_id)))
+        ChangeBuffer::new(
+            self.spill_dir
+                .join(format!("txn-{}.spill", self.next_spill_id)),
+        )
     }
 
     fn open(&mut self, xid: u32, gid: Option<String>) -> OpenTransaction {
@@ -327,14 +341,20 @@ impl Assembler {
 
     /// Registers the current description of a table (from a Relation
     /// message outside a stream block, with types resolved).
-    pub fn set_relation(&mut self, relation: Relation, stream_xid: Option<u32>) -> Result<(), AssemblyError> {
+    pub fn set_relation(
+        &mut self,
+        relation: Relation,
+        stream_xid: Option<u32>,
+    ) -> Result<(), AssemblyError> {
         let relation = Arc::new(relation);
         match stream_xid.and(self.stream_xid) {
             Some(top) => {
-                let txn = self
-                    .streamed
-                    .get_mut(&top)
-                    .ok_or(AssemblyError::UnknownStreamedTransaction { what: "Relation", xid: top })?;
+                let txn = self.streamed.get_mut(&top).ok_or(
+                    AssemblyError::UnknownStreamedTransaction {
+                        what: "Relation",
+                        xid: top,
+                    },
+                )?;
                 txn.relations.insert(relation.id, relation);
             }
             None => {
@@ -356,35 +376,61 @@ impl Assembler {
             }
             Message::BeginPrepare { xid, gid, .. } => {
                 if self.current.is_some() {
-                    return Err(AssemblyError::OutOfSequence("Begin Prepare inside a transaction"));
+                    return Err(AssemblyError::OutOfSequence(
+                        "Begin Prepare inside a transaction",
+                    ));
                 }
                 self.current = Some(self.open(xid, Some(gid)));
             }
             Message::Origin { lsn, name } => {
-                let txn = self.current.as_mut().ok_or(AssemblyError::OutsideTransaction("Origin"))?;
+                let txn = self
+                    .current
+                    .as_mut()
+                    .ok_or(AssemblyError::OutsideTransaction("Origin"))?;
                 txn.origin = Some(Origin { name, lsn });
             }
-            Message::Commit { commit_lsn, end_lsn, commit_time, .. } => {
-                let txn = self.current.take().ok_or(AssemblyError::OutOfSequence("Commit without Begin"))?;
+            Message::Commit {
+                commit_lsn,
+                end_lsn,
+                commit_time,
+                ..
+            } => {
+                let txn = self
+                    .current
+                    .take()
+                    .ok_or(AssemblyError::OutOfSequence("Commit without Begin"))?;
                 return Ok(self.committed(txn, commit_lsn, end_lsn, commit_time));
             }
             Message::Prepare(body) => {
-                let txn = self.current.take().ok_or(AssemblyError::OutOfSequence("Prepare without Begin Prepare"))?;
+                let txn = self.current.take().ok_or(AssemblyError::OutOfSequence(
+                    "Prepare without Begin Prepare",
+                ))?;
                 self.prepare_lsns.insert(body.gid.clone(), body.prepare_lsn);
                 self.prepared.insert(body.gid, txn);
             }
             Message::StreamPrepare(body) => {
-                let mut txn = self
-                    .streamed
-                    .remove(&body.xid)
-                    .ok_or(AssemblyError::UnknownStreamedTransaction { what: "Stream Prepare", xid: body.xid })?;
+                let mut txn = self.streamed.remove(&body.xid).ok_or(
+                    AssemblyError::UnknownStreamedTransaction {
+                        what: "Stream Prepare",
+                        xid: body.xid,
+                    },
+                )?;
                 txn.gid = Some(body.gid.clone());
                 self.prepare_lsns.insert(body.gid.clone(), body.prepare_lsn);
                 self.prepared.insert(body.gid, txn);
             }
-            Message::CommitPrepared { commit_lsn, end_lsn, commit_time, gid, .. } => {
+            Message::CommitPrepared {
+                commit_lsn,
+                end_lsn,
+                commit_time,
+                gid,
+                ..
+            } => {
                 self.prepare_lsns.remove(&gid);
-                let txn = self.prepared.remove(&gid).ok_or(AssemblyError::UnknownPrepared(gid))?;
+                let txn = self
+                    .prepared
+                    .remove(&gid)
+                    .ok_or(AssemblyError::UnknownPrepared(gid))?;
                 return Ok(self.committed(txn, commit_lsn, end_lsn, commit_time));
             }
             Message::RollbackPrepared { gid, .. } => {
@@ -396,7 +442,9 @@ impl Assembler {
             }
             Message::StreamStart { xid, .. } => {
                 if self.stream_xid.is_some() {
-                    return Err(AssemblyError::OutOfSequence("Stream Start inside a stream block"));
+                    return Err(AssemblyError::OutOfSequence(
+                        "Stream Start inside a stream block",
+                    ));
                 }
                 if !self.streamed.contains_key(&xid) {
                     let txn = self.open(xid, None);
@@ -405,13 +453,23 @@ impl Assembler {
                 self.stream_xid = Some(xid);
             }
             Message::StreamStop => {
-                self.stream_xid.take().ok_or(AssemblyError::OutOfSequence("Stream Stop outside a stream block"))?;
+                self.stream_xid.take().ok_or(AssemblyError::OutOfSequence(
+                    "Stream Stop outside a stream block",
+                ))?;
             }
-            Message::StreamCommit { xid, commit_lsn, end_lsn, commit_time, .. } => {
-                let txn = self
-                    .streamed
-                    .remove(&xid)
-                    .ok_or(AssemblyError::UnknownStreamedTransaction { what: "Stream Commit", xid })?;
+            Message::StreamCommit {
+                xid,
+                commit_lsn,
+                end_lsn,
+                commit_time,
+                ..
+            } => {
+                let txn = self.streamed.remove(&xid).ok_or(
+                    AssemblyError::UnknownStreamedTransaction {
+                        what: "Stream Commit",
+                        xid,
+                    },
+                )?;
                 return Ok(self.committed(txn, commit_lsn, end_lsn, commit_time));
             }
             Message::StreamAbort { xid, subxid, .. } => {
@@ -425,38 +483,106 @@ impl Assembler {
                 }
             }
             Message::Relation { .. } | Message::Type { .. } => {}
-            Message::Message { transactional: false, lsn, prefix, content, .. } => {
-                return Ok(Assembled::Message(LogicalMessage { lsn, transactional: false, prefix, content }));
+            Message::Message {
+                transactional: false,
+                lsn,
+                prefix,
+                content,
+                ..
+            } => {
+                return Ok(Assembled::Message(LogicalMessage {
+                    lsn,
+                    transactional: false,
+                    prefix,
+                    content,
+                }));
             }
-            Message::Message { xid, transactional: true, lsn, prefix, content } => {
-                let change = Change::Message(LogicalMessage { lsn, transactional: true, prefix, content });
+            Message::Message {
+                xid,
+                transactional: true,
+                lsn,
+                prefix,
+                content,
+            } => {
+                let change = Change::Message(LogicalMessage {
+                    lsn,
+                    transactional: true,
+                    prefix,
+                    content,
+                });
                 self.add_change(xid, change)?;
             }
-            Message::Insert { xid, relation_id, new } => {
+            Message::Insert {
+                xid,
+                relation_id,
+                new,
+            } => {
                 let relation = self.relation(xid, relation_id)?;
                 check_columns(&relation, new.len())?;
-                self.add_change(xid, Change::Insert { lsn: wal_start, relation, new })?;
+                self.add_change(
+                    xid,
+                    Change::Insert {
+                        lsn: wal_start,
+                        relation,
+                        new,
+                    },
+                )?;
             }
-            Message::Update { xid, relation_id, old, new } => {
+            Message::Update {
+                xid,
+                relation_id,
+                old,
+                new,
+            } => {
                 let relation = self.relation(xid, relation_id)?;
                 check_columns(&relation, new.len())?;
                 let old = old.map(|(kind, row)| old_row(kind, row));
                 if let Some(o) = &old {
                     check_columns(&relation, o.row.len())?;
                 }
-                self.add_change(xid, Change::Update { lsn: wal_start, relation, old, new })?;
+                self.add_change(
+                    xid,
+                    Change::Update {
+                        lsn: wal_start,
+                        relation,
+                        old,
+                        new,
+                    },
+                )?;
             }
-            Message::Delete { xid, relation_id, old: (kind, row) } => {
+            Message::Delete {
+                xid,
+                relation_id,
+                old: (kind, row),
+            } => {
                 let relation = self.relation(xid, relation_id)?;
                 check_columns(&relation, row.len())?;
-                self.add_change(xid, Change::Delete { lsn: wal_start, relation, old: old_row(kind, row) })?;
+                self.add_change(
+                    xid,
+                    Change::Delete {
+                        lsn: wal_start,
+                        relation,
+                        old: old_row(kind, row),
+                    },
+                )?;
             }
-            Message::Truncate { xid, cascade, restart_identity, relation_ids } => {
-                let relations = relation_ids.iter().map(|id| self.relation(xid, *id)).collect::<Result<Vec<_>, _>>()?;
+            Message::Truncate {
+                xid,
+                cascade,
+                restart_identity,
+                relation_ids,
+            } => {
+                let relations = relation_ids
+                    .iter()
+                    .map(|id| self.relation(xid, *id))
+                    .collect::<Result<Vec<_>, _>>()?;
                 let change = Change::Truncate(Truncate {
                     lsn: wal_start,
                     relations,
-                    options: TruncateOptions { cascade, restart_identity },
+                    options: TruncateOptions {
+                        cascade,
+                        restart_identity,
+                    },
                 });
                 self.add_change(xid, change)?;
             }
@@ -465,22 +591,33 @@ impl Assembler {
     }
 
     fn relation(&self, xid: Option<u32>, id: RelationId) -> Result<Arc<Relation>, AssemblyError> {
-        let streamed = xid.and(self.stream_xid).and_then(|top| self.streamed.get(&top)).and_then(|t| t.relations.get(&id));
-        streamed.or_else(|| self.relations.get(&id)).cloned().ok_or(AssemblyError::UnknownRelation(id))
+        let streamed = xid
+            .and(self.stream_xid)
+            .and_then(|top| self.streamed.get(&top))
+            .and_then(|t| t.relations.get(&id));
+        streamed
+            .or_else(|| self.relations.get(&id))
+            .cloned()
+            .ok_or(AssemblyError::UnknownRelation(id))
     }
 
     fn add_change(&mut self, xid: Option<u32>, change: Change) -> Result<(), AssemblyError> {
         match (xid, self.stream_xid) {
             (Some(subxid), Some(top)) => {
-                let txn = self
-                    .streamed
-                    .get_mut(&top)
-                    .ok_or(AssemblyError::UnknownStreamedTransaction { what: "a change", xid: top })?;
+                let txn = self.streamed.get_mut(&top).ok_or(
+                    AssemblyError::UnknownStreamedTransaction {
+                        what: "a change",
+                        xid: top,
+                    },
+                )?;
                 txn.changes.note_subxact(top, subxid);
                 txn.changes.push(change);
             }
             _ => {
-                let txn = self.current.as_mut().ok_or(AssemblyError::OutsideTransaction("a change"))?;
+                let txn = self
+                    .current
+                    .as_mut()
+                    .ok_or(AssemblyError::OutsideTransaction("a change"))?;
                 txn.changes.push(change);
             }
         }
@@ -499,7 +636,10 @@ impl Assembler {
             let mut largest: Option<&mut ChangeBuffer> = None;
             for b in buffers {
                 total += b.memory_bytes;
-                if largest.as_ref().is_none_or(|l| b.memory_bytes > l.memory_bytes) {
+                if largest
+                    .as_ref()
+                    .is_none_or(|l| b.memory_bytes > l.memory_bytes)
+                {
                     largest = Some(b);
                 }
             }
@@ -516,7 +656,13 @@ impl Assembler {
         }
     }
 
-    fn committed(&mut self, txn: OpenTransaction, commit_lsn: Lsn, end_lsn: Lsn, commit_time: PgTimestamp) -> Assembled {
+    fn committed(
+        &mut self,
+        txn: OpenTransaction,
+        commit_lsn: Lsn,
+        end_lsn: Lsn,
+        commit_time: PgTimestamp,
+    ) -> Assembled {
         self.stats.committed += 1;
         Assembled::Committed(CommittedTransaction {
             info: Arc::new(TransactionInfo {
@@ -535,7 +681,12 @@ impl Assembler {
     /// sends them again from the start) and removes their spill files.
     pub fn reset(&mut self) {
         self.stream_xid = None;
-        let open = self.current.take().into_iter().chain(self.streamed.drain().map(|(_, t)| t)).chain(self.prepared.drain().map(|(_, t)| t));
+        let open = self
+            .current
+            .take()
+            .into_iter()
+            .chain(self.streamed.drain().map(|(_, t)| t))
+            .chain(self.prepared.drain().map(|(_, t)| t));
         for txn in open {
             txn.changes.discard();
         }
@@ -544,7 +695,14 @@ impl Assembler {
 }
 
 fn old_row(kind: OldTupleKind, row: walbridge_core::Row) -> OldRow {
-    OldRow { kind: if kind == OldTupleKind::Key { OldRowKind::Key } else { OldRowKind::Full }, row }
+    OldRow {
+        kind: if kind == OldTupleKind::Key {
+            OldRowKind::Key
+        } else {
+            OldRowKind::Full
+        },
+        row,
+    }
 }
 
 fn check_columns(relation: &Relation, got: usize) -> Result<(), AssemblyError> {

@@ -52,8 +52,15 @@ impl TypeCatalog {
         Self::default()
     }
 
-    async fn load(&mut self, client: &Client, oids: impl IntoIterator<Item = Oid>) -> Result<(), CatalogError> {
-        let mut wanted: Vec<Oid> = oids.into_iter().filter(|o| !self.rows.contains_key(o)).collect();
+    async fn load(
+        &mut self,
+        client: &Client,
+        oids: impl IntoIterator<Item = Oid>,
+    ) -> Result<(), CatalogError> {
+        let mut wanted: Vec<Oid> = oids
+            .into_iter()
+            .filter(|o| !self.rows.contains_key(o))
+            .collect();
         // Arrays need their elements and domains their base types: follow them.
         while !wanted.is_empty() {
             wanted.sort_unstable();
@@ -117,7 +124,9 @@ impl TypeCatalog {
         if let Some(k) = ValueKind::builtin(oid) {
             return k;
         }
-        let Some(t) = self.rows.get(&oid) else { return ValueKind::Other };
+        let Some(t) = self.rows.get(&oid) else {
+            return ValueKind::Other;
+        };
         if depth > 16 {
             return ValueKind::Other;
         }
@@ -136,8 +145,13 @@ impl TypeCatalog {
     }
 
     /// Turns a Relation message into a descriptor with resolved types.
-    pub async fn describe(&mut self, client: &Client, body: RelationBody) -> Result<Relation, CatalogError> {
-        self.load(client, body.columns.iter().map(|c| c.type_oid)).await?;
+    pub async fn describe(
+        &mut self,
+        client: &Client,
+        body: RelationBody,
+    ) -> Result<Relation, CatalogError> {
+        self.load(client, body.columns.iter().map(|c| c.type_oid))
+            .await?;
         let columns = body
             .columns
             .into_iter()
@@ -216,7 +230,10 @@ pub async fn published_tables(
          JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename \
          WHERE p.pubname = ANY($1) ORDER BY 2, 3"
     };
-    let rows = client.query(sql, &[&publications]).await.map_err(query_error("pg_publication_tables"))?;
+    let rows = client
+        .query(sql, &[&publications])
+        .await
+        .map_err(query_error("pg_publication_tables"))?;
     let mut out: Vec<PublishedTable> = Vec::new();
     // Per table: (all columns published by some publication, filters, some publication unfiltered).
     let mut unfiltered: HashMap<Oid, bool> = HashMap::new();
@@ -271,13 +288,16 @@ pub async fn describe_table(
 ) -> Result<Relation, CatalogError> {
     let what = || format!("columns of {}", table.quoted_name());
     let class = client
-        .query_opt("SELECT relreplident::text FROM pg_class WHERE oid = $1", &[&table.oid])
+        .query_opt(
+            "SELECT relreplident::text FROM pg_class WHERE oid = $1",
+            &[&table.oid],
+        )
         .await
         .map_err(query_error(what()))?
         .ok_or(CatalogError::MissingTable(table.oid))?;
     let identity_text: String = class.get(0);
-    let replica_identity =
-        ReplicaIdentity::from_byte(identity_text.bytes().next().unwrap_or(b'd')).unwrap_or(ReplicaIdentity::Default);
+    let replica_identity = ReplicaIdentity::from_byte(identity_text.bytes().next().unwrap_or(b'd'))
+        .unwrap_or(ReplicaIdentity::Default);
     let rows = client
         .query(
             "SELECT a.attname, a.atttypid, a.atttypmod, \
@@ -293,11 +313,20 @@ pub async fn describe_table(
     let mut oids = Vec::new();
     for row in &rows {
         let name: String = row.get(0);
-        if table.columns.as_ref().is_some_and(|list| !list.contains(&name)) {
+        if table
+            .columns
+            .as_ref()
+            .is_some_and(|list| !list.contains(&name))
+        {
             continue;
         }
         oids.push(row.get::<_, Oid>(1));
-        columns.push((name, row.get::<_, Oid>(1), row.get::<_, i32>(2), row.get::<_, bool>(3)));
+        columns.push((
+            name,
+            row.get::<_, Oid>(1),
+            row.get::<_, i32>(2),
+            row.get::<_, bool>(3),
+        ));
     }
     types.load(client, oids).await?;
     Ok(Relation {

@@ -39,18 +39,26 @@ impl fmt::Display for Finding {
 }
 
 fn error(message: String) -> Finding {
-    Finding { severity: Severity::Error, message }
+    Finding {
+        severity: Severity::Error,
+        message,
+    }
 }
 
 fn warning(message: String) -> Finding {
-    Finding { severity: Severity::Warning, message }
+    Finding {
+        severity: Severity::Warning,
+        message,
+    }
 }
 
 /// Explains a connection failure in one actionable line.
 pub fn explain_connection_error(source: &str, target: &str, e: &ConnectionError) -> String {
     let detail = e.to_string();
     match e.sqlstate() {
-        Some("28P01") => format!("source `{source}`: password authentication failed for {target}: check the password in `connection`"),
+        Some("28P01") => format!(
+            "source `{source}`: password authentication failed for {target}: check the password in `connection`"
+        ),
         Some("28000") if detail.contains("pg_hba.conf") => format!(
             "source `{source}`: {target} rejects the connection ({}): add a matching `host replication` and `host <db>` line to pg_hba.conf and reload",
             e
@@ -77,7 +85,11 @@ pub async fn check_source(config: &SourceConfig, params: &ConnParams) -> Vec<Fin
     };
     let mut findings = match sql_checks(config, &client, &target).await {
         Ok(f) => f,
-        Err(e) => vec![error(format!("source `{}`: checking {target} failed: {}", config.name, crate::wire::describe_pg_error(&e)))],
+        Err(e) => vec![error(format!(
+            "source `{}`: checking {target} failed: {}",
+            config.name,
+            crate::wire::describe_pg_error(&e)
+        ))],
     };
     match ReplicationConnection::connect(params, config.application_name()).await {
         Ok(mut conn) => {
@@ -89,7 +101,11 @@ pub async fn check_source(config: &SourceConfig, params: &ConnParams) -> Vec<Fin
     findings
 }
 
-async fn sql_checks(config: &SourceConfig, client: &Client, target: &str) -> Result<Vec<Finding>, tokio_postgres::Error> {
+async fn sql_checks(
+    config: &SourceConfig,
+    client: &Client,
+    target: &str,
+) -> Result<Vec<Finding>, tokio_postgres::Error> {
     let name = &config.name;
     let mut findings = Vec::new();
     let wal_level: String = client.query_one("SHOW wal_level", &[]).await?.get(0);
@@ -98,9 +114,14 @@ async fn sql_checks(config: &SourceConfig, client: &Client, target: &str) -> Res
             "source `{name}`: wal_level is `{wal_level}` on {target}; logical replication needs `logical`: run ALTER SYSTEM SET wal_level = logical and restart the server"
         )));
     }
-    let version: i32 = client.query_one("SELECT current_setting('server_version_num')::int", &[]).await?.get(0);
+    let version: i32 = client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await?
+        .get(0);
     if version < 140_000 {
-        findings.push(error(format!("source `{name}`: {target} runs PostgreSQL {version}; walbridge needs 14 or newer")));
+        findings.push(error(format!(
+            "source `{name}`: {target} runs PostgreSQL {version}; walbridge needs 14 or newer"
+        )));
     }
     if config.two_phase && version < 150_000 {
         findings.push(error(format!("source `{name}`: two_phase needs PostgreSQL 15 or newer on the publisher; set two_phase = false")));
@@ -111,7 +132,8 @@ async fn sql_checks(config: &SourceConfig, client: &Client, target: &str) -> Res
     let role = client
         .query_one("SELECT current_user::text, rolsuper, rolreplication, rolcanlogin FROM pg_roles WHERE rolname = current_user", &[])
         .await?;
-    let (user, superuser, replication, login): (String, bool, bool, bool) = (role.get(0), role.get(1), role.get(2), role.get(3));
+    let (user, superuser, replication, login): (String, bool, bool, bool) =
+        (role.get(0), role.get(1), role.get(2), role.get(3));
     if !superuser && !replication {
         findings.push(error(format!(
             "source `{name}`: role \"{user}\" lacks the REPLICATION attribute: run ALTER ROLE \"{user}\" REPLICATION on {target}"
@@ -121,7 +143,10 @@ async fn sql_checks(config: &SourceConfig, client: &Client, target: &str) -> Res
         findings.push(error(format!("source `{name}`: role \"{user}\" cannot log in: run ALTER ROLE \"{user}\" LOGIN on {target}")));
     }
     let existing: Vec<String> = client
-        .query("SELECT pubname::text FROM pg_publication WHERE pubname = ANY($1)", &[&config.publications])
+        .query(
+            "SELECT pubname::text FROM pg_publication WHERE pubname = ANY($1)",
+            &[&config.publications],
+        )
         .await?
         .iter()
         .map(|r| r.get(0))
@@ -159,12 +184,21 @@ async fn sql_checks(config: &SourceConfig, client: &Client, target: &str) -> Res
     Ok(findings)
 }
 
-async fn slot_checks(config: &SourceConfig, conn: &mut ReplicationConnection, client: &Client, target: &str) -> Vec<Finding> {
+async fn slot_checks(
+    config: &SourceConfig,
+    conn: &mut ReplicationConnection,
+    client: &Client,
+    target: &str,
+) -> Vec<Finding> {
     let name = &config.name;
     let slot_name = config.slot_name();
     let info = match slot::slot_info(conn, &slot_name).await {
         Ok(info) => info,
-        Err(e) => return vec![error(format!("source `{name}`: cannot read pg_replication_slots on {target}: {e}"))],
+        Err(e) => {
+            return vec![error(format!(
+                "source `{name}`: cannot read pg_replication_slots on {target}: {e}"
+            ))];
+        }
     };
     let mut findings = Vec::new();
     match info {

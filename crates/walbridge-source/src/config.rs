@@ -23,7 +23,9 @@ impl ByteSize {
     /// Parses `64MiB`, `64MB`, `512kB`, `1G`, `100`.
     pub fn parse(text: &str) -> Option<Self> {
         let text = text.trim();
-        let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+        let split = text
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len());
         let (number, unit) = text.split_at(split);
         let n: u64 = number.parse().ok()?;
         let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
@@ -47,8 +49,11 @@ impl<'de> Deserialize<'de> for ByteSize {
         }
         match Raw::deserialize(d)? {
             Raw::Int(n) => Ok(ByteSize(n)),
-            Raw::Text(t) => ByteSize::parse(&t)
-                .ok_or_else(|| serde::de::Error::custom(format!("`{t}` is not a size; write e.g. 64MiB, 512kB or 1GB"))),
+            Raw::Text(t) => ByteSize::parse(&t).ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "`{t}` is not a size; write e.g. 64MiB, 512kB or 1GB"
+                ))
+            }),
         }
     }
 }
@@ -134,7 +139,12 @@ pub struct SourceConfig {
 impl SourceConfig {
     /// The slot name in use.
     pub fn slot_name(&self) -> String {
-        self.slot.clone().unwrap_or_else(|| format!("walbridge_{}", self.name.to_ascii_lowercase().replace('-', "_")))
+        self.slot.clone().unwrap_or_else(|| {
+            format!(
+                "walbridge_{}",
+                self.name.to_ascii_lowercase().replace('-', "_")
+            )
+        })
     }
 
     /// The application name in use.
@@ -146,13 +156,23 @@ impl SourceConfig {
     pub fn validate(&self) -> Vec<String> {
         let mut problems = Vec::new();
         let at = |key: &str| format!("source `{}`: `{key}`", self.name);
-        if self.name.is_empty() || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
-            problems.push(format!("{}: use letters, digits, `_` and `-` only", at("name")));
+        if self.name.is_empty()
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            problems.push(format!(
+                "{}: use letters, digits, `_` and `-` only",
+                at("name")
+            ));
         }
         let slot = self.slot_name();
         if slot.is_empty()
             || slot.len() > 63
-            || !slot.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            || !slot
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
         {
             problems.push(format!(
                 "{}: `{slot}` is not a valid slot name (lower-case letters, digits and `_`, at most 63)",
@@ -160,7 +180,10 @@ impl SourceConfig {
             ));
         }
         if self.publications.is_empty() {
-            problems.push(format!("{}: name at least one publication", at("publications")));
+            problems.push(format!(
+                "{}: name at least one publication",
+                at("publications")
+            ));
         }
         if !self.create_slot && self.copy_data {
             problems.push(format!(
@@ -172,7 +195,10 @@ impl SourceConfig {
             problems.push(format!("{}: must be at least 1", at("snapshot_workers")));
         }
         if self.status_interval == 0 {
-            problems.push(format!("{}: must be at least 1 second", at("status_interval")));
+            problems.push(format!(
+                "{}: must be at least 1 second",
+                at("status_interval")
+            ));
         }
         problems
     }

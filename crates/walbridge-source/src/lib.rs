@@ -4,15 +4,15 @@ pub mod pgoutput;
 mod reader;
 
 pub use reader::ReadError;
-pub mod wire;
 pub mod assembler;
-pub mod spill;
 pub mod catalog;
 pub mod checks;
 pub mod config;
 pub mod slot;
 pub mod snapshot;
 pub mod source;
+pub mod spill;
+pub mod wire;
 
 pub use config::SourceConfig;
 pub use source::{Source, SourceError, SourceStats};

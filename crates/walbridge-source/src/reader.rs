@@ -53,10 +53,12 @@ impl Reader {
         self.buf.len() - self.pos
     }
 
-
     fn take(&mut self, n: usize) -> Result<&[u8], ReadError> {
         if self.remaining() < n {
-            return Err(ReadError::Truncated { offset: self.pos, needed: n - self.remaining() });
+            return Err(ReadError::Truncated {
+                offset: self.pos,
+                needed: n - self.remaining(),
+            });
         }
         let slice = &self.buf[self.pos..self.pos + n];
         self.pos += n;
@@ -102,7 +104,10 @@ impl Reader {
     /// `n` bytes, sharing the buffer.
     pub fn bytes(&mut self, n: usize) -> Result<Bytes, ReadError> {
         if self.remaining() < n {
-            return Err(ReadError::Truncated { offset: self.pos, needed: n - self.remaining() });
+            return Err(ReadError::Truncated {
+                offset: self.pos,
+                needed: n - self.remaining(),
+            });
         }
         let out = self.buf.slice(self.pos..self.pos + n);
         self.pos += n;
@@ -113,7 +118,8 @@ impl Reader {
     pub fn length_prefixed(&mut self) -> Result<Bytes, ReadError> {
         let offset = self.pos;
         let length = self.i32()?;
-        let n = usize::try_from(length).map_err(|_| ReadError::NegativeLength { offset, length })?;
+        let n =
+            usize::try_from(length).map_err(|_| ReadError::NegativeLength { offset, length })?;
         self.bytes(n)
     }
 
@@ -128,8 +134,13 @@ impl Reader {
     pub fn cstr(&mut self) -> Result<String, ReadError> {
         let offset = self.pos;
         let rest = &self.buf[self.pos..];
-        let end = rest.iter().position(|&b| b == 0).ok_or(ReadError::UnterminatedString { offset })?;
-        let s = std::str::from_utf8(&rest[..end]).map_err(|_| ReadError::InvalidUtf8 { offset })?.to_owned();
+        let end = rest
+            .iter()
+            .position(|&b| b == 0)
+            .ok_or(ReadError::UnterminatedString { offset })?;
+        let s = std::str::from_utf8(&rest[..end])
+            .map_err(|_| ReadError::InvalidUtf8 { offset })?
+            .to_owned();
         self.pos += end + 1;
         Ok(s)
     }

@@ -62,7 +62,11 @@ pub fn create_slot_command(
     two_phase: bool,
     server_version: u32,
 ) -> String {
-    let temporary = if persistence == SlotPersistence::Temporary { " TEMPORARY" } else { "" };
+    let temporary = if persistence == SlotPersistence::Temporary {
+        " TEMPORARY"
+    } else {
+        ""
+    };
     if server_version >= 150_000 {
         let action = match snapshot {
             SnapshotAction::Export => "export",
@@ -70,7 +74,9 @@ pub fn create_slot_command(
             SnapshotAction::Nothing => "nothing",
         };
         let two_phase = if two_phase { ", TWO_PHASE true" } else { "" };
-        format!("CREATE_REPLICATION_SLOT \"{name}\"{temporary} LOGICAL pgoutput (SNAPSHOT '{action}'{two_phase})")
+        format!(
+            "CREATE_REPLICATION_SLOT \"{name}\"{temporary} LOGICAL pgoutput (SNAPSHOT '{action}'{two_phase})"
+        )
     } else {
         let action = match snapshot {
             SnapshotAction::Export => "EXPORT_SNAPSHOT",
@@ -89,33 +95,63 @@ pub async fn create_slot(
     snapshot: SnapshotAction,
     two_phase: bool,
 ) -> Result<CreatedSlot, ConnectionError> {
-    let command = create_slot_command(name, persistence, snapshot, two_phase, conn.server_version_num());
+    let command = create_slot_command(
+        name,
+        persistence,
+        snapshot,
+        two_phase,
+        conn.server_version_num(),
+    );
     let results = conn.simple_query(&command).await?;
-    let result = results.first().ok_or_else(|| ConnectionError::Unexpected("no reply to CREATE_REPLICATION_SLOT".into()))?;
+    let result = results
+        .first()
+        .ok_or_else(|| ConnectionError::Unexpected("no reply to CREATE_REPLICATION_SLOT".into()))?;
     let consistent_point = result
         .get(0, "consistent_point")
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| ConnectionError::Unexpected("CREATE_REPLICATION_SLOT reply without consistent_point".into()))?;
-    Ok(CreatedSlot { consistent_point, snapshot_name: result.get(0, "snapshot_name").map(str::to_owned) })
+        .ok_or_else(|| {
+            ConnectionError::Unexpected(
+                "CREATE_REPLICATION_SLOT reply without consistent_point".into(),
+            )
+        })?;
+    Ok(CreatedSlot {
+        consistent_point,
+        snapshot_name: result.get(0, "snapshot_name").map(str::to_owned),
+    })
 }
 
 /// Drops a slot; with `wait`, waits for a walsender still using it to go.
-pub async fn drop_slot(conn: &mut ReplicationConnection, name: &str, wait: bool) -> Result<(), ConnectionError> {
+pub async fn drop_slot(
+    conn: &mut ReplicationConnection,
+    name: &str,
+    wait: bool,
+) -> Result<(), ConnectionError> {
     let wait = if wait { " WAIT" } else { "" };
-    conn.simple_query(&format!("DROP_REPLICATION_SLOT \"{name}\"{wait}")).await.map(|_| ())
+    conn.simple_query(&format!("DROP_REPLICATION_SLOT \"{name}\"{wait}"))
+        .await
+        .map(|_| ())
 }
 
 /// Looks a slot up by name.
-pub async fn slot_info(conn: &mut ReplicationConnection, name: &str) -> Result<Option<SlotInfo>, ConnectionError> {
+pub async fn slot_info(
+    conn: &mut ReplicationConnection,
+    name: &str,
+) -> Result<Option<SlotInfo>, ConnectionError> {
     let version = conn.server_version_num();
-    let two_phase = if version >= 140_000 { "two_phase" } else { "false" };
+    let two_phase = if version >= 140_000 {
+        "two_phase"
+    } else {
+        "false"
+    };
     let sql = format!(
         "SELECT plugin, database, active, active_pid, confirmed_flush_lsn, wal_status, {two_phase} AS two_phase \
          FROM pg_replication_slots WHERE slot_name = {}",
         quote_literal(name)
     );
     let results = conn.simple_query(&sql).await?;
-    let Some(r) = results.first().filter(|r| !r.rows.is_empty()) else { return Ok(None) };
+    let Some(r) = results.first().filter(|r| !r.rows.is_empty()) else {
+        return Ok(None);
+    };
     Ok(Some(SlotInfo {
         plugin: r.get(0, "plugin").map(str::to_owned),
         database: r.get(0, "database").map(str::to_owned),
@@ -134,11 +170,23 @@ mod tests {
     #[test]
     fn command_syntax_follows_the_server_version() {
         assert_eq!(
-            create_slot_command("s", SlotPersistence::Permanent, SnapshotAction::Export, true, 150_000),
+            create_slot_command(
+                "s",
+                SlotPersistence::Permanent,
+                SnapshotAction::Export,
+                true,
+                150_000
+            ),
             "CREATE_REPLICATION_SLOT \"s\" LOGICAL pgoutput (SNAPSHOT 'export', TWO_PHASE true)"
         );
         assert_eq!(
-            create_slot_command("s", SlotPersistence::Temporary, SnapshotAction::Nothing, false, 140_005),
+            create_slot_command(
+                "s",
+                SlotPersistence::Temporary,
+                SnapshotAction::Nothing,
+                false,
+                140_005
+            ),
             "CREATE_REPLICATION_SLOT \"s\" TEMPORARY LOGICAL pgoutput NOEXPORT_SNAPSHOT"
         );
     }

@@ -24,7 +24,9 @@ use futures_util::StreamExt;
 use tokio::sync::{Mutex, mpsc};
 use walbridge_core::{Datum, Lsn, Relation, Row, SnapshotBatch, SourceEvent};
 
-use crate::catalog::{CatalogError, PublishedTable, TypeCatalog, describe_table, quote_ident, quote_literal};
+use crate::catalog::{
+    CatalogError, PublishedTable, TypeCatalog, describe_table, quote_ident, quote_literal,
+};
 use crate::wire::{ConnParams, ConnectionError, connect_sql};
 
 /// Rows per batch handed downstream.
@@ -116,7 +118,10 @@ pub async fn copy_tables(
                 quote_literal(snapshot_name)
             ))
             .await
-            .map_err(|source| SnapshotError::Copy { table: "(snapshot import)".into(), source })?;
+            .map_err(|source| SnapshotError::Copy {
+                table: "(snapshot import)".into(),
+                source,
+            })?;
         sessions.push(client);
     }
     // Plan with the first session: describe tables and split large ones.
@@ -126,20 +131,34 @@ pub async fn copy_tables(
     let block_size: i64 = planner
         .query_one("SELECT current_setting('block_size')::int8", &[])
         .await
-        .map_err(|source| SnapshotError::Copy { table: "(block_size)".into(), source })?
+        .map_err(|source| SnapshotError::Copy {
+            table: "(block_size)".into(),
+            source,
+        })?
         .get(0);
-    progress.tables_total.store(tables.len() as u64, Ordering::Relaxed);
+    progress
+        .tables_total
+        .store(tables.len() as u64, Ordering::Relaxed);
     for table in tables {
         let relation = Arc::new(describe_table(planner, &mut types, &table).await?);
         let class = planner
-            .query_one("SELECT pg_relation_size(oid), relkind = 'p' FROM pg_class WHERE oid = $1", &[&table.oid])
+            .query_one(
+                "SELECT pg_relation_size(oid), relkind = 'p' FROM pg_class WHERE oid = $1",
+                &[&table.oid],
+            )
             .await
-            .map_err(|source| SnapshotError::Copy { table: table.quoted_name(), source })?;
+            .map_err(|source| SnapshotError::Copy {
+                table: table.quoted_name(),
+                source,
+            })?;
         let (size, partitioned): (i64, bool) = (class.get(0), class.get(1));
         let pages = (size.max(0) as u64).div_ceil(block_size.max(1) as u64);
         let chunk_pages = (chunk_bytes / block_size.max(1) as u64).max(1);
         let ranges: Vec<Option<(u64, u64)>> = if size as u64 > chunk_bytes {
-            (0..pages).step_by(chunk_pages as usize).map(|start| Some((start, start + chunk_pages))).collect()
+            (0..pages)
+                .step_by(chunk_pages as usize)
+                .map(|start| Some((start, start + chunk_pages)))
+                .collect()
         } else {
             vec![None]
         };
@@ -153,13 +172,21 @@ pub async fn copy_tables(
         });
         for (i, range) in ranges.into_iter().enumerate() {
             let pages = range.map(|(s, e)| if i == last { (s, u64::MAX) } else { (s, e) });
-            jobs.push_back(TableJob { relation: relation.clone(), table: table.clone(), pages, partitioned, tally: tally.clone() });
+            jobs.push_back(TableJob {
+                relation: relation.clone(),
+                table: table.clone(),
+                pages,
+                partitioned,
+                tally: tally.clone(),
+            });
         }
     }
     let queue = Mutex::new(jobs);
     let run = sessions.iter().map(|client| async {
         loop {
-            let Some(job) = queue.lock().await.pop_front() else { return Ok(()) };
+            let Some(job) = queue.lock().await.pop_front() else {
+                return Ok(());
+            };
             copy_job(client, &job, consistent_point, events, progress).await?;
         }
     });
@@ -168,12 +195,19 @@ pub async fn copy_tables(
         // Read-only: nothing to commit, but end the transaction cleanly.
         let _ = session.batch_execute("COMMIT").await;
     }
-    results.into_iter().collect::<Result<Vec<()>, SnapshotError>>()?;
+    results
+        .into_iter()
+        .collect::<Result<Vec<()>, SnapshotError>>()?;
     Ok(())
 }
 
 fn copy_query(job: &TableJob) -> String {
-    let columns: Vec<String> = job.relation.columns.iter().map(|c| quote_ident(&c.name)).collect();
+    let columns: Vec<String> = job
+        .relation
+        .columns
+        .iter()
+        .map(|c| quote_ident(&c.name))
+        .collect();
     let mut conditions = Vec::new();
     if let Some((start, end)) = job.pages {
         conditions.push(format!("ctid >= '({start},0)'::tid"));
@@ -184,12 +218,20 @@ fn copy_query(job: &TableJob) -> String {
     if let Some(filter) = &job.table.row_filter {
         conditions.push(format!("({filter})"));
     }
-    let filter = if conditions.is_empty() { String::new() } else { format!(" WHERE {}", conditions.join(" AND ")) };
+    let filter = if conditions.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", conditions.join(" AND "))
+    };
     // A partitioned root (published via the root) is read with its
     // partitions; any other table with ONLY, because inheritance children
     // are published, and copied, on their own.
     let only = if job.partitioned { "" } else { "ONLY " };
-    format!("COPY (SELECT {} FROM {only}{}{filter}) TO STDOUT", columns.join(", "), job.table.quoted_name())
+    format!(
+        "COPY (SELECT {} FROM {only}{}{filter}) TO STDOUT",
+        columns.join(", "),
+        job.table.quoted_name()
+    )
 }
 
 async fn copy_job(
@@ -201,7 +243,13 @@ async fn copy_job(
 ) -> Result<(), SnapshotError> {
     let table = job.table.quoted_name();
     let sql = copy_query(job);
-    let stream = client.copy_out(sql.as_str()).await.map_err(|source| SnapshotError::Copy { table: table.clone(), source })?;
+    let stream = client
+        .copy_out(sql.as_str())
+        .await
+        .map_err(|source| SnapshotError::Copy {
+            table: table.clone(),
+            source,
+        })?;
     futures_util::pin_mut!(stream);
     let mut pending = BytesMut::new();
     let mut batch: Vec<Row> = Vec::new();
@@ -209,14 +257,25 @@ async fn copy_job(
     let ncols = job.relation.columns.len();
     let send = |rows: Vec<Row>| async {
         events
-            .send(SourceEvent::Snapshot(SnapshotBatch { relation: job.relation.clone(), rows, consistent_point }))
+            .send(SourceEvent::Snapshot(SnapshotBatch {
+                relation: job.relation.clone(),
+                rows,
+                consistent_point,
+            }))
             .await
             .map_err(|_| SnapshotError::Closed)
     };
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|source| SnapshotError::Copy { table: table.clone(), source })?;
-        progress.bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-        job.tally.bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        let chunk = chunk.map_err(|source| SnapshotError::Copy {
+            table: table.clone(),
+            source,
+        })?;
+        progress
+            .bytes
+            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        job.tally
+            .bytes
+            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
         // PostgreSQL sends one row per CopyData, so a chunk is normally one whole line.
         let lines = if pending.is_empty() && chunk.ends_with(b"\n") {
             chunk
@@ -228,7 +287,10 @@ async fn copy_job(
             }
         };
         for line in split_lines(&lines) {
-            let row = parse_copy_line(line, ncols).map_err(|reason| SnapshotError::Malformed { table: table.clone(), reason })?;
+            let row = parse_copy_line(line, ncols).map_err(|reason| SnapshotError::Malformed {
+                table: table.clone(),
+                reason,
+            })?;
             batch_bytes += row.iter().map(Datum::len).sum::<usize>();
             batch.push(row);
             if batch.len() >= BATCH_ROWS || batch_bytes >= BATCH_BYTES {
@@ -241,7 +303,10 @@ async fn copy_job(
         }
     }
     if !pending.is_empty() {
-        return Err(SnapshotError::Malformed { table, reason: "COPY output ended inside a row".into() });
+        return Err(SnapshotError::Malformed {
+            table,
+            reason: "COPY output ended inside a row".into(),
+        });
     }
     if !batch.is_empty() {
         let n = batch.len() as u64;
@@ -285,7 +350,10 @@ pub fn parse_copy_line(line: Bytes, expected: usize) -> Result<Row, String> {
     let mut row = Vec::with_capacity(expected);
     let mut start = 0;
     loop {
-        let end = line[start..].iter().position(|&b| b == b'\t').map_or(line.len(), |p| p + start);
+        let end = line[start..]
+            .iter()
+            .position(|&b| b == b'\t')
+            .map_or(line.len(), |p| p + start);
         let field = line.slice(start..end);
         row.push(if &field[..] == b"\\N" {
             Datum::Null
@@ -315,7 +383,9 @@ fn unescape(field: &[u8]) -> Result<Bytes, String> {
             i += 1;
             continue;
         }
-        let Some(&next) = field.get(i + 1) else { return Err("trailing backslash".into()) };
+        let Some(&next) = field.get(i + 1) else {
+            return Err("trailing backslash".into());
+        };
         i += 2;
         match next {
             b'b' => out.push(8),
@@ -325,7 +395,12 @@ fn unescape(field: &[u8]) -> Result<Bytes, String> {
             b't' => out.push(b'\t'),
             b'v' => out.push(11),
             b'x' => {
-                let digits: Vec<u8> = field[i..].iter().take(2).take_while(|c| c.is_ascii_hexdigit()).copied().collect();
+                let digits: Vec<u8> = field[i..]
+                    .iter()
+                    .take(2)
+                    .take_while(|c| c.is_ascii_hexdigit())
+                    .copied()
+                    .collect();
                 if digits.is_empty() {
                     out.push(b'x');
                 } else {
@@ -360,9 +435,16 @@ mod tests {
 
     #[test]
     fn parses_copy_text_rows() {
-        let row = parse_copy_line(Bytes::from_static(b"1\t\\N\ta\\tb\\\\c\\nd\t\\101\\x42"), 4).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(row, vec![text("1"), Datum::Null, text("a\tb\\c\nd"), text("AB")]);
+        let row = parse_copy_line(Bytes::from_static(b"1\t\\N\ta\\tb\\\\c\\nd\t\\101\\x42"), 4)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            row,
+            vec![text("1"), Datum::Null, text("a\tb\\c\nd"), text("AB")]
+        );
         assert!(parse_copy_line(Bytes::from_static(b"1\t2"), 3).is_err());
-        assert_eq!(parse_copy_line(Bytes::from_static(b""), 1), Ok(vec![text("")]));
+        assert_eq!(
+            parse_copy_line(Bytes::from_static(b""), 1),
+            Ok(vec![text("")])
+        );
     }
 }

@@ -35,7 +35,9 @@ use crate::slot::{self, SlotPersistence, SnapshotAction};
 use crate::snapshot::{SnapshotError, SnapshotProgress, copy_tables};
 use crate::spill::{self, SpillError};
 use crate::wire::copyboth::{CopyBothError, ServerMessage, StatusUpdate};
-use crate::wire::{ConnParams, ConnectionError, CopyMessage, ParamsError, ReplicationConnection, connect_sql};
+use crate::wire::{
+    ConnParams, ConnectionError, CopyMessage, ParamsError, ReplicationConnection, connect_sql,
+};
 
 /// A source stopped.
 #[derive(Debug, thiserror::Error)]
@@ -84,10 +86,16 @@ impl SourceError {
     /// True for failures that may go away by reconnecting (network, server restart).
     pub fn is_transient(&self) -> bool {
         match self {
-            SourceError::Connection(_, e) => matches!(
-                e,
-                ConnectionError::Connect { .. } | ConnectionError::Io(_) | ConnectionError::Closed
-            ) || e.sqlstate().is_some_and(|s| s.starts_with("57") || s.starts_with("08") || s == "53300" || s == "55006"),
+            SourceError::Connection(_, e) => {
+                matches!(
+                    e,
+                    ConnectionError::Connect { .. }
+                        | ConnectionError::Io(_)
+                        | ConnectionError::Closed
+                ) || e.sqlstate().is_some_and(|s| {
+                    s.starts_with("57") || s.starts_with("08") || s == "53300" || s == "55006"
+                })
+            }
             SourceError::Snapshot(_, SnapshotError::Connection(_)) => true,
             _ => false,
         }
@@ -167,10 +175,18 @@ struct Positions {
 impl Source {
     /// Prepares a source; `data_dir` is walbridge's state directory.
     pub fn new(config: SourceConfig, data_dir: &Path) -> Result<Self, SourceError> {
-        let params = ConnParams::parse(&config.connection)
-            .map_err(|error| SourceError::Params { source_name: config.name.clone(), error })?;
+        let params =
+            ConnParams::parse(&config.connection).map_err(|error| SourceError::Params {
+                source_name: config.name.clone(),
+                error,
+            })?;
         let state_dir = data_dir.join("sources").join(&config.name);
-        Ok(Source { config, params, state_dir, stats: Arc::new(SourceStats::default()) })
+        Ok(Source {
+            config,
+            params,
+            state_dir,
+            stats: Arc::new(SourceStats::default()),
+        })
     }
 
     /// The source's configuration.
@@ -194,22 +210,38 @@ impl Source {
     }
 
     fn err(&self, e: ConnectionError) -> SourceError {
-        SourceError::Connection(explain_connection_error(&self.config.name, &self.params.display_target(), &e), e)
+        SourceError::Connection(
+            explain_connection_error(&self.config.name, &self.params.display_target(), &e),
+            e,
+        )
     }
 
     /// Drops the source's slot (if it exists) and its state.
     pub async fn drop_slot_and_state(&self) -> Result<bool, SourceError> {
-        let mut conn = ReplicationConnection::connect(&self.params, self.config.application_name()).await.map_err(|e| self.err(e))?;
+        let mut conn = ReplicationConnection::connect(&self.params, self.config.application_name())
+            .await
+            .map_err(|e| self.err(e))?;
         let name = self.config.slot_name();
-        let existed = slot::slot_info(&mut conn, &name).await.map_err(|e| self.err(e))?.is_some();
+        let existed = slot::slot_info(&mut conn, &name)
+            .await
+            .map_err(|e| self.err(e))?
+            .is_some();
         if existed {
-            slot::drop_slot(&mut conn, &name, false).await.map_err(|e| self.err(e))?;
+            slot::drop_slot(&mut conn, &name, false)
+                .await
+                .map_err(|e| self.err(e))?;
         }
         conn.close().await;
         match std::fs::remove_dir_all(&self.state_dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(SourceError::State(self.config.name.clone(), self.state_dir.clone(), e)),
+            Err(e) => {
+                return Err(SourceError::State(
+                    self.config.name.clone(),
+                    self.state_dir.clone(),
+                    e,
+                ));
+            }
         }
         Ok(existed)
     }
@@ -228,17 +260,29 @@ impl Source {
         for w in findings.iter().filter(|f| f.severity == Severity::Warning) {
             tracing::warn!("{}", w.message);
         }
-        let errors: Vec<Finding> = findings.into_iter().filter(|f| f.severity == Severity::Error).collect();
+        let errors: Vec<Finding> = findings
+            .into_iter()
+            .filter(|f| f.severity == Severity::Error)
+            .collect();
         if !errors.is_empty() {
             return Err(SourceError::Prerequisites(errors));
         }
         let spill_dir = self.state_dir.join("spill");
-        spill::clear_dir(&spill_dir).map_err(|e| SourceError::Spill(self.config.name.clone(), e))?;
+        spill::clear_dir(&spill_dir)
+            .map_err(|e| SourceError::Spill(self.config.name.clone(), e))?;
         let mut assembler = Assembler::new(spill_dir, self.config.spill_threshold.0 as usize);
         let mut positions = Positions::default();
         let mut backoff = Duration::from_millis(500);
         loop {
-            let result = self.run_once(&events, &mut flushed, &mut shutdown, &mut assembler, &mut positions).await;
+            let result = self
+                .run_once(
+                    &events,
+                    &mut flushed,
+                    &mut shutdown,
+                    &mut assembler,
+                    &mut positions,
+                )
+                .await;
             assembler.reset();
             match result {
                 Ok(()) => return Ok(()),
@@ -265,15 +309,23 @@ impl Source {
     ) -> Result<(), SourceError> {
         let name = &self.config.name;
         let slot_name = self.config.slot_name();
-        let mut conn = ReplicationConnection::connect(&self.params, self.config.application_name()).await.map_err(|e| self.err(e))?;
-        let state = SourceState::load(&self.state_dir).map_err(|e| SourceError::State(name.clone(), self.state_dir.clone(), e))?;
-        let mut slot = slot::slot_info(&mut conn, &slot_name).await.map_err(|e| self.err(e))?;
-        if let (Some(_), Some(state)) = (&slot, &state) {
-            if !state.snapshot_complete && self.config.copy_data {
-                tracing::warn!(source = %name, "the previous initial copy did not finish; dropping slot {slot_name} and copying again");
-                slot::drop_slot(&mut conn, &slot_name, true).await.map_err(|e| self.err(e))?;
-                slot = None;
-            }
+        let mut conn = ReplicationConnection::connect(&self.params, self.config.application_name())
+            .await
+            .map_err(|e| self.err(e))?;
+        let state = SourceState::load(&self.state_dir)
+            .map_err(|e| SourceError::State(name.clone(), self.state_dir.clone(), e))?;
+        let mut slot = slot::slot_info(&mut conn, &slot_name)
+            .await
+            .map_err(|e| self.err(e))?;
+        if let (Some(_), Some(state)) = (&slot, &state)
+            && !state.snapshot_complete
+            && self.config.copy_data
+        {
+            tracing::warn!(source = %name, "the previous initial copy did not finish; dropping slot {slot_name} and copying again");
+            slot::drop_slot(&mut conn, &slot_name, true)
+                .await
+                .map_err(|e| self.err(e))?;
+            slot = None;
         }
         match (&slot, &state) {
             (None, Some(state)) if state.snapshot_complete => {
@@ -286,7 +338,10 @@ impl Source {
                     "source `{name}`: slot \"{slot_name}\" does not exist and create_slot = false: create it or set create_slot = true"
                 )));
             }
-            (None, _) => self.create_slot_and_copy(&mut conn, events, flushed).await?,
+            (None, _) => {
+                self.create_slot_and_copy(&mut conn, events, flushed)
+                    .await?
+            }
             (Some(_), None) if self.config.copy_data => {
                 return Err(SourceError::Slot(format!(
                     "source `{name}`: slot \"{slot_name}\" exists but walbridge's data_dir has no record of copying its tables; set copy_data = false to stream from the slot as it is, or run `walbridge drop --source {name}` to start over"
@@ -294,7 +349,8 @@ impl Source {
             }
             (Some(_), _) => {}
         }
-        self.stream(conn, events, flushed, shutdown, assembler, positions).await
+        self.stream(conn, events, flushed, shutdown, assembler, positions)
+            .await
     }
 
     async fn create_slot_and_copy(
@@ -305,22 +361,42 @@ impl Source {
     ) -> Result<(), SourceError> {
         let name = &self.config.name;
         let slot_name = self.config.slot_name();
-        let action = if self.config.copy_data { SnapshotAction::Export } else { SnapshotAction::Nothing };
-        let created = slot::create_slot(conn, &slot_name, SlotPersistence::Permanent, action, self.config.two_phase)
-            .await
-            .map_err(|e| self.err(e))?;
+        let action = if self.config.copy_data {
+            SnapshotAction::Export
+        } else {
+            SnapshotAction::Nothing
+        };
+        let created = slot::create_slot(
+            conn,
+            &slot_name,
+            SlotPersistence::Permanent,
+            action,
+            self.config.two_phase,
+        )
+        .await
+        .map_err(|e| self.err(e))?;
         tracing::info!(source = %name, slot = %slot_name, consistent_point = %created.consistent_point, "created replication slot");
         let mut state = SourceState {
             slot: slot_name.clone(),
             consistent_point: created.consistent_point.to_string(),
             snapshot_complete: !self.config.copy_data,
         };
-        state.store(&self.state_dir).map_err(|e| SourceError::State(name.clone(), self.state_dir.clone(), e))?;
-        let Some(snapshot_name) = created.snapshot_name.filter(|_| self.config.copy_data) else { return Ok(()) };
-        let client = connect_sql(&self.params, self.config.application_name()).await.map_err(|e| self.err(e))?;
-        let tables = published_tables(&client, &self.config.publications, conn.server_version_num())
+        state
+            .store(&self.state_dir)
+            .map_err(|e| SourceError::State(name.clone(), self.state_dir.clone(), e))?;
+        let Some(snapshot_name) = created.snapshot_name.filter(|_| self.config.copy_data) else {
+            return Ok(());
+        };
+        let client = connect_sql(&self.params, self.config.application_name())
             .await
-            .map_err(|e| SourceError::Catalog(name.clone(), e))?;
+            .map_err(|e| self.err(e))?;
+        let tables = published_tables(
+            &client,
+            &self.config.publications,
+            conn.server_version_num(),
+        )
+        .await
+        .map_err(|e| SourceError::Catalog(name.clone(), e))?;
         drop(client);
         tracing::info!(source = %name, tables = tables.len(), workers = self.config.snapshot_workers, "initial copy starting");
         copy_tables(
@@ -337,7 +413,9 @@ impl Source {
         .await
         .map_err(|e| SourceError::Snapshot(name.clone(), e))?;
         events
-            .send(SourceEvent::SnapshotComplete { consistent_point: created.consistent_point })
+            .send(SourceEvent::SnapshotComplete {
+                consistent_point: created.consistent_point,
+            })
             .await
             .map_err(|_| SourceError::Snapshot(name.clone(), SnapshotError::Closed))?;
         // The copy counts as done only once the consumers made it durable.
@@ -347,8 +425,14 @@ impl Source {
             }
         }
         state.snapshot_complete = true;
-        state.store(&self.state_dir).map_err(|e| SourceError::State(name.clone(), self.state_dir.clone(), e))?;
-        let rows = self.stats.snapshot.rows.load(std::sync::atomic::Ordering::Relaxed);
+        state
+            .store(&self.state_dir)
+            .map_err(|e| SourceError::State(name.clone(), self.state_dir.clone(), e))?;
+        let rows = self
+            .stats
+            .snapshot
+            .rows
+            .load(std::sync::atomic::Ordering::Relaxed);
         tracing::info!(source = %name, rows, "initial copy finished");
         Ok(())
     }
@@ -360,10 +444,18 @@ impl Source {
             v if v >= 140_000 => 2,
             _ => 1,
         };
-        let publications: Vec<String> = self.config.publications.iter().map(|p| quote_ident(p)).collect();
+        let publications: Vec<String> = self
+            .config
+            .publications
+            .iter()
+            .map(|p| quote_ident(p))
+            .collect();
         let mut options = vec![
             format!("proto_version '{proto}'"),
-            format!("publication_names '{}'", publications.join(",").replace('\'', "''")),
+            format!(
+                "publication_names '{}'",
+                publications.join(",").replace('\'', "''")
+            ),
         ];
         if self.config.binary {
             options.push("binary 'true'".into());
@@ -384,10 +476,20 @@ impl Source {
             };
             options.push(format!("origin '{origin}'"));
         }
-        format!("START_REPLICATION SLOT \"{}\" LOGICAL 0/0 ({})", self.config.slot_name(), options.join(", "))
+        format!(
+            "START_REPLICATION SLOT \"{}\" LOGICAL 0/0 ({})",
+            self.config.slot_name(),
+            options.join(", ")
+        )
     }
 
-    fn status(&self, positions: &mut Positions, flushed: Lsn, assembler: &Assembler, reply_requested: bool) -> StatusUpdate {
+    fn status(
+        &self,
+        positions: &mut Positions,
+        flushed: Lsn,
+        assembler: &Assembler,
+        reply_requested: bool,
+    ) -> StatusUpdate {
         let mut flush = flushed;
         let idle = !assembler.in_transaction() && flushed >= positions.last_emitted_end;
         if idle {
@@ -398,9 +500,17 @@ impl Source {
         }
         flush = flush.max(positions.reported_flush);
         positions.reported_flush = flush;
-        self.stats.confirmed.store(flush.0, std::sync::atomic::Ordering::Relaxed);
+        self.stats
+            .confirmed
+            .store(flush.0, std::sync::atomic::Ordering::Relaxed);
         let write = positions.received.max(flush);
-        StatusUpdate { write, flush, apply: flush, time: PgTimestamp::now(), reply_requested }
+        StatusUpdate {
+            write,
+            flush,
+            apply: flush,
+            time: PgTimestamp::now(),
+            reply_requested,
+        }
     }
 
     async fn stream(
@@ -415,8 +525,12 @@ impl Source {
         let name = self.config.name.clone();
         let command = self.start_command(conn.server_version_num());
         tracing::debug!(source = %name, "{command}");
-        let client = connect_sql(&self.params, self.config.application_name()).await.map_err(|e| self.err(e))?;
-        conn.start_copy_both(&command).await.map_err(|e| self.err(e))?;
+        let client = connect_sql(&self.params, self.config.application_name())
+            .await
+            .map_err(|e| self.err(e))?;
+        conn.start_copy_both(&command)
+            .await
+            .map_err(|e| self.err(e))?;
         tracing::info!(source = %name, slot = %self.config.slot_name(), "streaming changes");
         let mut decoder = Decoder::new();
         let mut types = TypeCatalog::new();
@@ -491,14 +605,44 @@ impl Source {
             return Ok(());
         }
         let info = txn.info.clone();
-        self.deliver(conn, events, flushed, assembler, positions, SourceEvent::Begin(info.clone())).await?;
-        for change in txn.changes.into_changes().map_err(|e| SourceError::Spill(name.clone(), e))? {
+        self.deliver(
+            conn,
+            events,
+            flushed,
+            assembler,
+            positions,
+            SourceEvent::Begin(info.clone()),
+        )
+        .await?;
+        for change in txn
+            .changes
+            .into_changes()
+            .map_err(|e| SourceError::Spill(name.clone(), e))?
+        {
             let change = change.map_err(|e| SourceError::Spill(name.clone(), e))?;
-            self.deliver(conn, events, flushed, assembler, positions, SourceEvent::Change(change)).await?;
+            self.deliver(
+                conn,
+                events,
+                flushed,
+                assembler,
+                positions,
+                SourceEvent::Change(change),
+            )
+            .await?;
         }
-        self.deliver(conn, events, flushed, assembler, positions, SourceEvent::Commit(info.clone())).await?;
+        self.deliver(
+            conn,
+            events,
+            flushed,
+            assembler,
+            positions,
+            SourceEvent::Commit(info.clone()),
+        )
+        .await?;
         positions.last_emitted_end = info.end_lsn;
-        self.stats.transactions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.stats
+            .transactions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
@@ -516,7 +660,12 @@ impl Source {
         let closed = || SourceError::Snapshot(self.config.name.clone(), SnapshotError::Closed);
         let mut event = Some(event);
         loop {
-            match tokio::time::timeout(Duration::from_secs(self.config.status_interval), events.reserve()).await {
+            match tokio::time::timeout(
+                Duration::from_secs(self.config.status_interval),
+                events.reserve(),
+            )
+            .await
+            {
                 Ok(Ok(permit)) => {
                     if let Some(e) = event.take() {
                         permit.send(e);
@@ -526,7 +675,9 @@ impl Source {
                 Ok(Err(_)) => return Err(closed()),
                 Err(_) => {
                     let s = self.status(positions, *flushed.borrow(), assembler, false);
-                    conn.send_copy_data(s.encode()).await.map_err(|e| self.err(e))?;
+                    conn.send_copy_data(s.encode())
+                        .await
+                        .map_err(|e| self.err(e))?;
                 }
             }
         }
@@ -551,7 +702,9 @@ impl Source {
         };
         let _ = tokio::time::timeout(Duration::from_secs(10), wait).await;
         let s = self.status(positions, *flushed.borrow(), assembler, false);
-        conn.send_copy_data(s.encode()).await.map_err(|e| self.err(e))?;
+        conn.send_copy_data(s.encode())
+            .await
+            .map_err(|e| self.err(e))?;
         conn.finish_copy_both().await.map_err(|e| self.err(e))?;
         conn.close().await;
         tracing::info!(source = %self.config.name, confirmed = %s.flush, "stopped streaming");

@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use walbridge_core::{
-    Change, Column, Datum, LogicalMessage, Lsn, OldRow, OldRowKind, Relation, ReplicaIdentity, Row, Truncate,
-    TruncateOptions, ValueKind,
+    Change, Column, Datum, LogicalMessage, Lsn, OldRow, OldRowKind, Relation, ReplicaIdentity, Row,
+    Truncate, TruncateOptions, ValueKind,
 };
 
 /// A spill file could not be written or read back.
@@ -61,8 +61,17 @@ impl SpillWriter {
             .read(true)
             .write(true)
             .open(&path)
-            .map_err(|source| SpillError::Io { path: path.clone(), source })?;
-        Ok(SpillWriter { path, out: BufWriter::with_capacity(256 * 1024, file), relation_ids: HashMap::new(), next_relation_id: 0, len: 0 })
+            .map_err(|source| SpillError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(SpillWriter {
+            path,
+            out: BufWriter::with_capacity(256 * 1024, file),
+            relation_ids: HashMap::new(),
+            next_relation_id: 0,
+            len: 0,
+        })
     }
 
     /// Bytes written so far: the offset the next change will start at.
@@ -80,9 +89,17 @@ impl SpillWriter {
             path: self.path.clone(),
             source: io::Error::new(io::ErrorKind::InvalidInput, "change larger than 4 GiB"),
         })?;
-        let io = |source| SpillError::Io { path: self.path.clone(), source };
+        let io = |source| SpillError::Io {
+            path: self.path.clone(),
+            source,
+        };
         self.out.write_all(&len.to_be_bytes()).map_err(io)?;
-        self.out.write_all(payload).map_err(|source| SpillError::Io { path: self.path.clone(), source })?;
+        self.out
+            .write_all(payload)
+            .map_err(|source| SpillError::Io {
+                path: self.path.clone(),
+                source,
+            })?;
         self.len += 4 + u64::from(len);
         Ok(())
     }
@@ -115,7 +132,12 @@ impl SpillWriter {
                 buf.put_u32(id);
                 encode_row(new, &mut buf);
             }
-            Change::Update { lsn, relation, old, new } => {
+            Change::Update {
+                lsn,
+                relation,
+                old,
+                new,
+            } => {
                 let id = self.relation_id(relation)?;
                 buf.put_u8(b'U');
                 buf.put_u64(lsn.0);
@@ -131,10 +153,16 @@ impl SpillWriter {
                 encode_old(Some(old), &mut buf);
             }
             Change::Truncate(t) => {
-                let ids = t.relations.iter().map(|r| self.relation_id(r)).collect::<Result<Vec<_>, _>>()?;
+                let ids = t
+                    .relations
+                    .iter()
+                    .map(|r| self.relation_id(r))
+                    .collect::<Result<Vec<_>, _>>()?;
                 buf.put_u8(b'T');
                 buf.put_u64(t.lsn.0);
-                buf.put_u8(u8::from(t.options.cascade) | (u8::from(t.options.restart_identity) << 1));
+                buf.put_u8(
+                    u8::from(t.options.cascade) | (u8::from(t.options.restart_identity) << 1),
+                );
                 buf.put_u32(u32::try_from(ids.len()).unwrap_or(u32::MAX));
                 for id in ids {
                     buf.put_u32(id);
@@ -154,11 +182,21 @@ impl SpillWriter {
     /// Cuts the file back to `offset` (a value [`SpillWriter::len`] returned),
     /// discarding everything written after it.
     pub fn truncate(&mut self, offset: u64) -> Result<(), SpillError> {
-        let io = |source| SpillError::Io { path: self.path.clone(), source };
+        let io = |source| SpillError::Io {
+            path: self.path.clone(),
+            source,
+        };
         self.out.flush().map_err(io)?;
         let file = self.out.get_mut();
-        file.set_len(offset).map_err(|source| SpillError::Io { path: self.path.clone(), source })?;
-        file.seek(SeekFrom::Start(offset)).map_err(|source| SpillError::Io { path: self.path.clone(), source })?;
+        file.set_len(offset).map_err(|source| SpillError::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        file.seek(SeekFrom::Start(offset))
+            .map_err(|source| SpillError::Io {
+                path: self.path.clone(),
+                source,
+            })?;
         self.len = offset;
         // Descriptors written after the cut are gone. Forgetting all of them
         // makes the next use write a fresh descriptor under a new number.
@@ -169,9 +207,21 @@ impl SpillWriter {
     /// Finishes writing and returns a reader positioned at the start.
     pub fn into_reader(self) -> Result<SpillReader, SpillError> {
         let path = self.path.clone();
-        let mut file = self.out.into_inner().map_err(|e| SpillError::Io { path: path.clone(), source: e.into_error() })?;
-        file.seek(SeekFrom::Start(0)).map_err(|source| SpillError::Io { path: path.clone(), source })?;
-        Ok(SpillReader { path, input: BufReader::with_capacity(256 * 1024, file), relations: HashMap::new(), offset: 0 })
+        let mut file = self.out.into_inner().map_err(|e| SpillError::Io {
+            path: path.clone(),
+            source: e.into_error(),
+        })?;
+        file.seek(SeekFrom::Start(0))
+            .map_err(|source| SpillError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(SpillReader {
+            path,
+            input: BufReader::with_capacity(256 * 1024, file),
+            relations: HashMap::new(),
+            offset: 0,
+        })
     }
 }
 
@@ -192,16 +242,27 @@ impl SpillReader {
             match self.input.read_exact(&mut len) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-                Err(source) => return Err(SpillError::Io { path: self.path.clone(), source }),
+                Err(source) => {
+                    return Err(SpillError::Io {
+                        path: self.path.clone(),
+                        source,
+                    });
+                }
             }
             let len = u32::from_be_bytes(len) as usize;
             let mut payload = vec![0u8; len];
             self.input
                 .read_exact(&mut payload)
-                .map_err(|source| SpillError::Io { path: self.path.clone(), source })?;
+                .map_err(|source| SpillError::Io {
+                    path: self.path.clone(),
+                    source,
+                })?;
             let offset = self.offset;
             self.offset += 4 + len as u64;
-            let corrupt = || SpillError::Corrupt { path: self.path.clone(), offset };
+            let corrupt = || SpillError::Corrupt {
+                path: self.path.clone(),
+                offset,
+            };
             let mut buf = Bytes::from(payload);
             match take_u8(&mut buf).ok_or_else(corrupt)? {
                 b'R' => {
@@ -209,7 +270,11 @@ impl SpillReader {
                     let relation = decode_relation(&mut buf).ok_or_else(corrupt)?;
                     self.relations.insert(id, Arc::new(relation));
                 }
-                b'C' => return decode_change(&mut buf, &self.relations).map(Some).ok_or_else(corrupt),
+                b'C' => {
+                    return decode_change(&mut buf, &self.relations)
+                        .map(Some)
+                        .ok_or_else(corrupt);
+                }
                 _ => return Err(corrupt()),
             }
         }
@@ -223,10 +288,21 @@ impl SpillReader {
 
 /// Removes every spill file left in `dir` by an earlier process.
 pub fn clear_dir(dir: &Path) -> Result<(), SpillError> {
-    let io = |source| SpillError::Io { path: dir.to_owned(), source };
+    let io = |source| SpillError::Io {
+        path: dir.to_owned(),
+        source,
+    };
     std::fs::create_dir_all(dir).map_err(io)?;
-    for entry in std::fs::read_dir(dir).map_err(|source| SpillError::Io { path: dir.to_owned(), source })? {
-        let path = entry.map_err(|source| SpillError::Io { path: dir.to_owned(), source })?.path();
+    for entry in std::fs::read_dir(dir).map_err(|source| SpillError::Io {
+        path: dir.to_owned(),
+        source,
+    })? {
+        let path = entry
+            .map_err(|source| SpillError::Io {
+                path: dir.to_owned(),
+                source,
+            })?
+            .path();
         if path.extension().is_some_and(|e| e == "spill") {
             std::fs::remove_file(&path).map_err(|source| SpillError::Io { path, source })?;
         }
@@ -322,7 +398,10 @@ fn decode_kind(buf: &mut Bytes) -> Option<ValueKind> {
         22 => ValueKind::Other,
         23 => {
             let delimiter = take_u8(buf)?;
-            ValueKind::Array { element: Box::new(decode_kind(buf)?), delimiter }
+            ValueKind::Array {
+                element: Box::new(decode_kind(buf)?),
+                delimiter,
+            }
         }
         _ => return None,
     })
@@ -361,7 +440,13 @@ fn decode_relation(buf: &mut Bytes) -> Option<Relation> {
             is_key: take_u8(buf)? == 1,
         });
     }
-    Some(Relation { id, schema, name, replica_identity, columns })
+    Some(Relation {
+        id,
+        schema,
+        name,
+        replica_identity,
+        columns,
+    })
 }
 
 fn encode_row(row: &Row, buf: &mut BytesMut) {
@@ -417,7 +502,10 @@ fn decode_old(buf: &mut Bytes) -> Option<Option<OldRow>> {
         b'O' => OldRowKind::Full,
         _ => return None,
     };
-    Some(Some(OldRow { kind, row: decode_row(buf)? }))
+    Some(Some(OldRow {
+        kind,
+        row: decode_row(buf)?,
+    }))
 }
 
 fn decode_change(buf: &mut Bytes, relations: &HashMap<u32, Arc<Relation>>) -> Option<Change> {
@@ -425,13 +513,26 @@ fn decode_change(buf: &mut Bytes, relations: &HashMap<u32, Arc<Relation>>) -> Op
     let lsn = Lsn(take_u64(buf)?);
     let relation = |buf: &mut Bytes| relations.get(&take_u32(buf)?).cloned();
     Some(match tag {
-        b'I' => Change::Insert { lsn, relation: relation(buf)?, new: decode_row(buf)? },
+        b'I' => Change::Insert {
+            lsn,
+            relation: relation(buf)?,
+            new: decode_row(buf)?,
+        },
         b'U' => {
             let relation = relation(buf)?;
             let old = decode_old(buf)?;
-            Change::Update { lsn, relation, old, new: decode_row(buf)? }
+            Change::Update {
+                lsn,
+                relation,
+                old,
+                new: decode_row(buf)?,
+            }
         }
-        b'D' => Change::Delete { lsn, relation: relation(buf)?, old: decode_old(buf)?? },
+        b'D' => Change::Delete {
+            lsn,
+            relation: relation(buf)?,
+            old: decode_old(buf)??,
+        },
         b'T' => {
             let flags = take_u8(buf)?;
             let n = take_u32(buf)?;
@@ -439,7 +540,10 @@ fn decode_change(buf: &mut Bytes, relations: &HashMap<u32, Arc<Relation>>) -> Op
             Change::Truncate(Truncate {
                 lsn,
                 relations: rels,
-                options: TruncateOptions { cascade: flags & 1 != 0, restart_identity: flags & 2 != 0 },
+                options: TruncateOptions {
+                    cascade: flags & 1 != 0,
+                    restart_identity: flags & 2 != 0,
+                },
             })
         }
         b'M' => Change::Message(LogicalMessage {
@@ -467,7 +571,10 @@ mod tests {
                 type_oid: 1007,
                 type_modifier: -1,
                 type_name: "_int4".into(),
-                kind: ValueKind::Array { element: Box::new(ValueKind::Int4), delimiter: b',' },
+                kind: ValueKind::Array {
+                    element: Box::new(ValueKind::Int4),
+                    delimiter: b',',
+                },
                 is_key: true,
             }],
         })
@@ -478,18 +585,45 @@ mod tests {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let (r1, r2) = (relation(1), relation(2));
         let changes = vec![
-            Change::Insert { lsn: Lsn(1), relation: r1.clone(), new: vec![Datum::Text(Bytes::from_static(b"{1}"))] },
+            Change::Insert {
+                lsn: Lsn(1),
+                relation: r1.clone(),
+                new: vec![Datum::Text(Bytes::from_static(b"{1}"))],
+            },
             Change::Update {
                 lsn: Lsn(2),
                 relation: r2.clone(),
-                old: Some(OldRow { kind: OldRowKind::Full, row: vec![Datum::Null] }),
+                old: Some(OldRow {
+                    kind: OldRowKind::Full,
+                    row: vec![Datum::Null],
+                }),
                 new: vec![Datum::UnchangedToast],
             },
-            Change::Delete { lsn: Lsn(3), relation: r1.clone(), old: OldRow { kind: OldRowKind::Key, row: vec![Datum::Binary(Bytes::from_static(b"\x01"))] } },
-            Change::Truncate(Truncate { lsn: Lsn(4), relations: vec![r1, r2], options: TruncateOptions { cascade: true, restart_identity: false } }),
-            Change::Message(LogicalMessage { lsn: Lsn(5), transactional: true, prefix: "p".into(), content: Bytes::from_static(b"x") }),
+            Change::Delete {
+                lsn: Lsn(3),
+                relation: r1.clone(),
+                old: OldRow {
+                    kind: OldRowKind::Key,
+                    row: vec![Datum::Binary(Bytes::from_static(b"\x01"))],
+                },
+            },
+            Change::Truncate(Truncate {
+                lsn: Lsn(4),
+                relations: vec![r1, r2],
+                options: TruncateOptions {
+                    cascade: true,
+                    restart_identity: false,
+                },
+            }),
+            Change::Message(LogicalMessage {
+                lsn: Lsn(5),
+                transactional: true,
+                prefix: "p".into(),
+                content: Bytes::from_static(b"x"),
+            }),
         ];
-        let mut w = SpillWriter::create(dir.path().join("t.spill")).unwrap_or_else(|e| panic!("{e}"));
+        let mut w =
+            SpillWriter::create(dir.path().join("t.spill")).unwrap_or_else(|e| panic!("{e}"));
         for c in &changes {
             w.write(c).unwrap_or_else(|e| panic!("{e}"));
         }
@@ -505,15 +639,22 @@ mod tests {
     fn truncation_discards_later_changes() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let r1 = relation(1);
-        let insert = |lsn| Change::Insert { lsn: Lsn(lsn), relation: r1.clone(), new: vec![] };
-        let mut w = SpillWriter::create(dir.path().join("t.spill")).unwrap_or_else(|e| panic!("{e}"));
+        let insert = |lsn| Change::Insert {
+            lsn: Lsn(lsn),
+            relation: r1.clone(),
+            new: vec![],
+        };
+        let mut w =
+            SpillWriter::create(dir.path().join("t.spill")).unwrap_or_else(|e| panic!("{e}"));
         w.write(&insert(1)).unwrap_or_else(|e| panic!("{e}"));
         let cut = w.len();
         w.write(&insert(2)).unwrap_or_else(|e| panic!("{e}"));
         w.truncate(cut).unwrap_or_else(|e| panic!("{e}"));
         w.write(&insert(3)).unwrap_or_else(|e| panic!("{e}"));
         let mut r = w.into_reader().unwrap_or_else(|e| panic!("{e}"));
-        let lsns: Vec<_> = std::iter::from_fn(|| r.next_change().ok().flatten()).map(|c| c.lsn()).collect();
+        let lsns: Vec<_> = std::iter::from_fn(|| r.next_change().ok().flatten())
+            .map(|c| c.lsn())
+            .collect();
         assert_eq!(lsns, vec![Lsn(1), Lsn(3)]);
     }
 }

@@ -51,16 +51,21 @@ impl SinkConfig {
 impl Config {
     /// Reads, expands and validates the file at `path`.
     pub fn load(path: &Path) -> anyhow::Result<Config> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read configuration file {}", path.display()))?;
-        Self::parse(&text, |name| std::env::var(name).ok()).with_context(|| format!("configuration file {}", path.display()))
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read configuration file {}", path.display()))?;
+        Self::parse(&text, |name| std::env::var(name).ok())
+            .with_context(|| format!("configuration file {}", path.display()))
     }
 
     /// Parses configuration text, expanding `${VAR}` with `env`.
     pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<Config> {
         let expanded = expand_env(text, env)?;
-        let mut config: Config = toml::from_str(&expanded).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+        let mut config: Config = toml::from_str(&expanded)
+            .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
         if config.sinks.is_empty() {
-            config.sinks.push(SinkConfig::Jsonl(JsonlSinkConfig::stdout()));
+            config
+                .sinks
+                .push(SinkConfig::Jsonl(JsonlSinkConfig::stdout()));
         }
         config.validate()?;
         Ok(config)
@@ -78,7 +83,11 @@ impl Config {
                 problems.push(format!("source name `{}` is used twice", s.name));
             }
             if !slots.insert(s.slot_name()) {
-                problems.push(format!("source `{}`: slot `{}` is used by another source", s.name, s.slot_name()));
+                problems.push(format!(
+                    "source `{}`: slot `{}` is used by another source",
+                    s.name,
+                    s.slot_name()
+                ));
             }
             problems.extend(s.validate());
         }
@@ -89,7 +98,10 @@ impl Config {
             }
             for wanted in sink.sources().unwrap_or_default() {
                 if !names.contains(wanted) {
-                    problems.push(format!("sink `{}`: `sources` names `{wanted}`, which is not a configured source", sink.name()));
+                    problems.push(format!(
+                        "sink `{}`: `sources` names `{wanted}`, which is not a configured source",
+                        sink.name()
+                    ));
                 }
             }
         }
@@ -113,14 +125,20 @@ pub fn expand_env(text: &str, env: impl Fn(&str) -> Option<String>) -> anyhow::R
             rest = tail;
         } else if let Some(tail) = after.strip_prefix("${") {
             let end = tail.find('}').with_context(|| {
-                format!("unterminated `${{` on line {}", text[..text.len() - rest.len() + pos].lines().count().max(1))
+                format!(
+                    "unterminated `${{` on line {}",
+                    text[..text.len() - rest.len() + pos].lines().count().max(1)
+                )
             })?;
             let name = &tail[..end];
             let line = text[..text.len() - rest.len() + pos].matches('\n').count() + 1;
             if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                bail!("line {line}: `${{{name}}}` is not a variable reference (names are letters, digits and _)");
+                bail!(
+                    "line {line}: `${{{name}}}` is not a variable reference (names are letters, digits and _)"
+                );
             }
-            let value = env(name).with_context(|| format!("line {line}: environment variable {name} is not set"))?;
+            let value = env(name)
+                .with_context(|| format!("line {line}: environment variable {name} is not set"))?;
             out.push_str(&value.replace('\\', "\\\\").replace('"', "\\\""));
             rest = &tail[end + 1..];
         } else {
@@ -158,19 +176,56 @@ publications = ["p"]
         assert_eq!(c.sources[0].connection, "host=db1 password=se\"cret");
         assert_eq!(c.sources[0].slot_name(), "walbridge_shop");
         assert!(matches!(&c.sinks[..], [SinkConfig::Jsonl(j)] if j.path == "-"));
-        assert_eq!(expand_env("a $${X} $5", env).unwrap_or_default(), "a ${X} $5");
+        assert_eq!(
+            expand_env("a $${X} $5", env).unwrap_or_default(),
+            "a ${X} $5"
+        );
     }
 
     #[test]
     fn errors_name_the_key() {
-        let err = |text: &str| format!("{:#}", Config::parse(text, env).err().unwrap_or_else(|| panic!("accepted: {text}")));
+        let err = |text: &str| {
+            format!(
+                "{:#}",
+                Config::parse(text, env)
+                    .err()
+                    .unwrap_or_else(|| panic!("accepted: {text}"))
+            )
+        };
         assert!(err(&BASE.replace("${HOST}", "${NOPE}")).contains("NOPE is not set"));
         assert!(err(&format!("{BASE}colour = 1\n")).contains("colour"));
         assert!(err(&BASE.replace("publications = [\"p\"]", "")).contains("publications"));
-        assert!(err(&format!("{BASE}[[sink]]\nname = \"k\"\ntype = \"kafkaa\"\n")).contains("kafkaa"));
-        assert!(err(&format!("{BASE}[[sink]]\nname = \"j\"\ntype = \"jsonl\"\nsources = [\"other\"]\n")).contains("not a configured source"));
-        assert!(err(&BASE.replace("publications = [\"p\"]", "publications = [\"p\"]\nsnapshot_workers = \"two\"")).contains("snapshot_workers"));
-        assert!(err(&BASE.replace("publications = [\"p\"]", "publications = [\"p\"]\nspill_threshold = \"lots\"")).contains("spill_threshold"));
-        assert!(err(&format!("{BASE}[[source]]\nname = \"shop\"\nconnection = \"\"\npublications = [\"p\"]\n")).contains("used twice"));
+        assert!(
+            err(&format!(
+                "{BASE}[[sink]]\nname = \"k\"\ntype = \"kafkaa\"\n"
+            ))
+            .contains("kafkaa")
+        );
+        assert!(
+            err(&format!(
+                "{BASE}[[sink]]\nname = \"j\"\ntype = \"jsonl\"\nsources = [\"other\"]\n"
+            ))
+            .contains("not a configured source")
+        );
+        assert!(
+            err(&BASE.replace(
+                "publications = [\"p\"]",
+                "publications = [\"p\"]\nsnapshot_workers = \"two\""
+            ))
+            .contains("snapshot_workers")
+        );
+        assert!(
+            err(&BASE.replace(
+                "publications = [\"p\"]",
+                "publications = [\"p\"]\nspill_threshold = \"lots\""
+            ))
+            .contains("spill_threshold")
+        );
+        assert!(
+            err(&format!(
+                "{BASE}[[source]]\nname = \"shop\"\nconnection = \"\"\npublications = [\"p\"]\n"
+            ))
+            .contains("used twice")
+        );
     }
 }

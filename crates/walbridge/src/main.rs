@@ -31,7 +31,13 @@ const EXIT_FAILURE: u8 = 1;
 /// 3 a prerequisite check failed. Errors are one line on stderr saying what
 /// is wrong and what to do.
 #[derive(Parser, Debug)]
-#[command(name = "walbridge", version, about, long_about, propagate_version = true)]
+#[command(
+    name = "walbridge",
+    version,
+    about,
+    long_about,
+    propagate_version = true
+)]
 struct Cli {
     /// Log level filter, e.g. `info`, `debug`, `walbridge_source=trace`
     /// (also RUST_LOG).
@@ -80,7 +86,8 @@ enum Command {
 
 fn init_logging(filter: &str) {
     let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| filter.to_owned());
-    let filter = tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -96,50 +103,84 @@ struct Failure {
 
 impl From<anyhow::Error> for Failure {
     fn from(error: anyhow::Error) -> Self {
-        Failure { code: EXIT_FAILURE, error }
+        Failure {
+            code: EXIT_FAILURE,
+            error,
+        }
     }
 }
 
 fn load(path: &std::path::Path) -> Result<Config, Failure> {
-    Config::load(path).map_err(|error| Failure { code: EXIT_CONFIG, error })
+    Config::load(path).map_err(|error| Failure {
+        code: EXIT_CONFIG,
+        error,
+    })
 }
 
 async fn check(path: &std::path::Path) -> Result<(), Failure> {
     let config = load(path)?;
     let mut errors = 0;
     for source_config in &config.sources {
-        let source = Source::new(source_config.clone(), &config.data_dir).map_err(|e| Failure { code: EXIT_CONFIG, error: e.into() })?;
+        let source = Source::new(source_config.clone(), &config.data_dir).map_err(|e| Failure {
+            code: EXIT_CONFIG,
+            error: e.into(),
+        })?;
         let findings = source.check().await;
         for f in &findings {
             eprintln!("{f}");
         }
-        let source_errors = findings.iter().filter(|f| f.severity == Severity::Error).count();
+        let source_errors = findings
+            .iter()
+            .filter(|f| f.severity == Severity::Error)
+            .count();
         if source_errors == 0 {
             println!("ok: source `{}` is ready to replicate", source_config.name);
         }
         errors += source_errors;
     }
     if errors > 0 {
-        return Err(Failure { code: EXIT_PREREQUISITE, error: anyhow::anyhow!("{errors} prerequisite check(s) failed") });
+        return Err(Failure {
+            code: EXIT_PREREQUISITE,
+            error: anyhow::anyhow!("{errors} prerequisite check(s) failed"),
+        });
     }
     Ok(())
 }
 
 async fn drop_sources(path: &std::path::Path, only: Option<&str>) -> Result<(), Failure> {
     let config = load(path)?;
-    if let Some(name) = only {
-        if !config.sources.iter().any(|s| s.name == name) {
-            return Err(Failure { code: EXIT_CONFIG, error: anyhow::anyhow!("no source named `{name}` in {}", path.display()) });
-        }
+    if let Some(name) = only
+        && !config.sources.iter().any(|s| s.name == name)
+    {
+        return Err(Failure {
+            code: EXIT_CONFIG,
+            error: anyhow::anyhow!("no source named `{name}` in {}", path.display()),
+        });
     }
-    for source_config in config.sources.iter().filter(|s| only.is_none_or(|n| n == s.name)) {
-        let source = Source::new(source_config.clone(), &config.data_dir).map_err(|e| Failure { code: EXIT_CONFIG, error: e.into() })?;
-        let existed = source.drop_slot_and_state().await.with_context(|| format!("cannot drop source `{}`", source_config.name))?;
+    for source_config in config
+        .sources
+        .iter()
+        .filter(|s| only.is_none_or(|n| n == s.name))
+    {
+        let source = Source::new(source_config.clone(), &config.data_dir).map_err(|e| Failure {
+            code: EXIT_CONFIG,
+            error: e.into(),
+        })?;
+        let existed = source
+            .drop_slot_and_state()
+            .await
+            .with_context(|| format!("cannot drop source `{}`", source_config.name))?;
         let slot = source_config.slot_name();
         if existed {
-            println!("dropped slot `{slot}` and the state of source `{}`", source_config.name);
+            println!(
+                "dropped slot `{slot}` and the state of source `{}`",
+                source_config.name
+            );
         } else {
-            println!("source `{}`: slot `{slot}` did not exist; state removed", source_config.name);
+            println!(
+                "source `{}`: slot `{slot}` did not exist; state removed",
+                source_config.name
+            );
         }
     }
     Ok(())
@@ -150,15 +191,30 @@ async fn run_pipeline(path: &std::path::Path) -> Result<(), Failure> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
     pipeline::run(config).await.map_err(|error| {
-        let prerequisite = error.chain().any(|c| matches!(c.downcast_ref(), Some(walbridge_source::SourceError::Prerequisites(_))));
-        Failure { code: if prerequisite { EXIT_PREREQUISITE } else { EXIT_FAILURE }, error }
+        let prerequisite = error.chain().any(|c| {
+            matches!(
+                c.downcast_ref(),
+                Some(walbridge_source::SourceError::Prerequisites(_))
+            )
+        });
+        Failure {
+            code: if prerequisite {
+                EXIT_PREREQUISITE
+            } else {
+                EXIT_FAILURE
+            },
+            error,
+        }
     })
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("walbridge: cannot start the runtime: {e}");
@@ -176,7 +232,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure { code, error }) => {
             // One line: the causes, outermost first.
-            let message = error.chain().map(|c| c.to_string()).collect::<Vec<_>>().join(": ");
+            let message = error
+                .chain()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>()
+                .join(": ");
             eprintln!("walbridge: {}", message.replace('\n', "; "));
             ExitCode::from(code)
         }

@@ -38,7 +38,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         match sink {
             SinkConfig::Jsonl(c) => {
                 let sink = JsonlSink::open(c.clone())?;
-                sink_tasks.push((c.name.clone(), tokio::task::spawn_blocking(move || sink.run(rx))));
+                sink_tasks.push((
+                    c.name.clone(),
+                    tokio::task::spawn_blocking(move || sink.run(rx)),
+                ));
             }
         }
         sink_queues.push((sink, tx));
@@ -51,7 +54,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let mut targets = Vec::new();
         let mut acks = Vec::new();
         for (sink, queue) in &sink_queues {
-            if sink.sources().is_some_and(|s| !s.contains(&source_config.name)) {
+            if sink
+                .sources()
+                .is_some_and(|s| !s.contains(&source_config.name))
+            {
                 continue;
             }
             let (ack_tx, ack_rx) = watch::channel(Lsn::ZERO);
@@ -72,24 +78,32 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tokio::spawn(combine(acks, flushed_tx));
         let shutdown = shutdown_rx.clone();
         sources.spawn(async move {
-            source.run(events_tx, flushed_rx, shutdown).await.map_err(|e| anyhow!(e))
+            source
+                .run(events_tx, flushed_rx, shutdown)
+                .await
+                .map_err(|e| anyhow!(e))
         });
     }
     drop(sink_queues);
 
     let mut failure = None;
     while let Some(joined) = sources.join_next().await {
-        let result = joined.map_err(|e| anyhow!("source task failed: {e}")).and_then(|r| r);
-        if let Err(e) = result {
-            if failure.is_none() {
-                failure = Some(e);
-                let _ = shutdown_tx.send(true);
-            }
+        let result = joined
+            .map_err(|e| anyhow!("source task failed: {e}"))
+            .and_then(|r| r);
+        if let Err(e) = result
+            && failure.is_none()
+        {
+            failure = Some(e);
+            let _ = shutdown_tx.send(true);
         }
     }
     // The sources are done: the queues close and each sink finishes writing.
     for (name, task) in sink_tasks {
-        let result = task.await.map_err(|e| anyhow!("sink `{name}` panicked: {e}")).and_then(|r| r);
+        let result = task
+            .await
+            .map_err(|e| anyhow!("sink `{name}` panicked: {e}"))
+            .and_then(|r| r);
         if let Err(e) = result {
             // A sink failure is the root cause of the sources' "output closed".
             failure = Some(e);
@@ -103,15 +117,34 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 }
 
 /// Copies each event to every sink reading the source, in order.
-async fn dispatch(mut events: mpsc::Receiver<SourceEvent>, targets: Vec<(mpsc::Sender<Routed>, Arc<SourceContext>)>) {
+async fn dispatch(
+    mut events: mpsc::Receiver<SourceEvent>,
+    targets: Vec<(mpsc::Sender<Routed>, Arc<SourceContext>)>,
+) {
     while let Some(event) = events.recv().await {
-        let Some(((last_queue, last_context), others)) = targets.split_last() else { return };
+        let Some(((last_queue, last_context), others)) = targets.split_last() else {
+            return;
+        };
         for (queue, context) in others {
-            if queue.send(Routed { source: context.clone(), event: event.clone() }).await.is_err() {
+            if queue
+                .send(Routed {
+                    source: context.clone(),
+                    event: event.clone(),
+                })
+                .await
+                .is_err()
+            {
                 return;
             }
         }
-        if last_queue.send(Routed { source: last_context.clone(), event }).await.is_err() {
+        if last_queue
+            .send(Routed {
+                source: last_context.clone(),
+                event,
+            })
+            .await
+            .is_err()
+        {
             return;
         }
     }
@@ -137,7 +170,10 @@ async fn combine(mut acks: Vec<watch::Receiver<Lsn>>, flushed: watch::Sender<Lsn
 
 async fn wait_for_signal(shutdown: watch::Sender<bool>) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         tracing::error!("cannot install signal handlers");
         return;
     };

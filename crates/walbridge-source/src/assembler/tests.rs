@@ -29,7 +29,11 @@ fn text(v: &str) -> Datum {
 }
 
 fn insert(xid: Option<u32>, rel: u32, v: &str) -> Message {
-    Message::Insert { xid, relation_id: rel, new: vec![text(v)] }
+    Message::Insert {
+        xid,
+        relation_id: rel,
+        new: vec![text(v)],
+    }
 }
 
 fn values(txn: CommittedTransaction) -> Vec<String> {
@@ -67,29 +71,92 @@ fn assembler(threshold: usize) -> (tempfile::TempDir, Assembler) {
 #[test]
 fn plain_transaction_with_origin() {
     let (_dir, mut a) = assembler(1 << 20);
-    a.set_relation(relation(1, &["id"]), None).unwrap_or_else(|e| panic!("{e}"));
-    push(&mut a, Message::Begin { final_lsn: Lsn(100), commit_time: PgTimestamp(5), xid: 9 });
-    push(&mut a, Message::Origin { lsn: Lsn(7), name: "up".into() });
+    a.set_relation(relation(1, &["id"]), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    push(
+        &mut a,
+        Message::Begin {
+            final_lsn: Lsn(100),
+            commit_time: PgTimestamp(5),
+            xid: 9,
+        },
+    );
+    push(
+        &mut a,
+        Message::Origin {
+            lsn: Lsn(7),
+            name: "up".into(),
+        },
+    );
     push(&mut a, insert(None, 1, "a"));
     push(&mut a, insert(None, 1, "b"));
-    let t = committed(push(&mut a, Message::Commit { flags: 0, commit_lsn: Lsn(100), end_lsn: Lsn(120), commit_time: PgTimestamp(5) }));
+    let t = committed(push(
+        &mut a,
+        Message::Commit {
+            flags: 0,
+            commit_lsn: Lsn(100),
+            end_lsn: Lsn(120),
+            commit_time: PgTimestamp(5),
+        },
+    ));
     assert_eq!(t.info.xid, 9);
     assert_eq!(t.info.end_lsn, Lsn(120));
-    assert_eq!(t.info.origin, Some(Origin { name: "up".into(), lsn: Lsn(7) }));
+    assert_eq!(
+        t.info.origin,
+        Some(Origin {
+            name: "up".into(),
+            lsn: Lsn(7)
+        })
+    );
     assert_eq!(values(t), ["a", "b"]);
 }
 
 #[test]
 fn errors_on_protocol_violations() {
     let (_dir, mut a) = assembler(1 << 20);
-    assert!(matches!(a.push(Lsn(1), insert(None, 1, "a")), Err(AssemblyError::UnknownRelation(1))));
-    a.set_relation(relation(1, &["id"]), None).unwrap_or_else(|e| panic!("{e}"));
-    assert!(matches!(a.push(Lsn(1), insert(None, 1, "a")), Err(AssemblyError::OutsideTransaction(_))));
-    push(&mut a, Message::Begin { final_lsn: Lsn(1), commit_time: PgTimestamp(0), xid: 1 });
-    let two = Message::Insert { xid: None, relation_id: 1, new: vec![Datum::Null, Datum::Null] };
-    assert!(matches!(a.push(Lsn(1), two), Err(AssemblyError::ColumnCount { expected: 1, got: 2, .. })));
     assert!(matches!(
-        a.push(Lsn(1), Message::CommitPrepared { flags: 0, commit_lsn: Lsn(1), end_lsn: Lsn(2), commit_time: PgTimestamp(0), xid: 1, gid: "g".into() }),
+        a.push(Lsn(1), insert(None, 1, "a")),
+        Err(AssemblyError::UnknownRelation(1))
+    ));
+    a.set_relation(relation(1, &["id"]), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(matches!(
+        a.push(Lsn(1), insert(None, 1, "a")),
+        Err(AssemblyError::OutsideTransaction(_))
+    ));
+    push(
+        &mut a,
+        Message::Begin {
+            final_lsn: Lsn(1),
+            commit_time: PgTimestamp(0),
+            xid: 1,
+        },
+    );
+    let two = Message::Insert {
+        xid: None,
+        relation_id: 1,
+        new: vec![Datum::Null, Datum::Null],
+    };
+    assert!(matches!(
+        a.push(Lsn(1), two),
+        Err(AssemblyError::ColumnCount {
+            expected: 1,
+            got: 2,
+            ..
+        })
+    ));
+    assert!(matches!(
+        a.push(
+            Lsn(1),
+            Message::CommitPrepared {
+                flags: 0,
+                commit_lsn: Lsn(1),
+                end_lsn: Lsn(2),
+                commit_time: PgTimestamp(0),
+                xid: 1,
+                gid: "g".into()
+            }
+        ),
         Err(AssemblyError::UnknownPrepared(_))
     ));
 }
@@ -98,62 +165,177 @@ fn errors_on_protocol_violations() {
 fn interleaved_streams_with_subtransaction_abort_and_spill() {
     // A threshold this small spills after nearly every change.
     let (dir, mut a) = assembler(200);
-    a.set_relation(relation(1, &["id"]), None).unwrap_or_else(|e| panic!("{e}"));
-    push(&mut a, Message::StreamStart { xid: 10, first_segment: true });
+    a.set_relation(relation(1, &["id"]), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    push(
+        &mut a,
+        Message::StreamStart {
+            xid: 10,
+            first_segment: true,
+        },
+    );
     push(&mut a, insert(Some(10), 1, "10-a"));
     push(&mut a, insert(Some(11), 1, "10-sub11-x"));
     push(&mut a, Message::StreamStop);
-    push(&mut a, Message::StreamStart { xid: 20, first_segment: true });
+    push(
+        &mut a,
+        Message::StreamStart {
+            xid: 20,
+            first_segment: true,
+        },
+    );
     push(&mut a, insert(Some(20), 1, "20-a"));
     push(&mut a, Message::StreamStop);
     // A plain transaction commits in between.
-    push(&mut a, Message::Begin { final_lsn: Lsn(50), commit_time: PgTimestamp(0), xid: 30 });
+    push(
+        &mut a,
+        Message::Begin {
+            final_lsn: Lsn(50),
+            commit_time: PgTimestamp(0),
+            xid: 30,
+        },
+    );
     push(&mut a, insert(None, 1, "30-a"));
-    assert_eq!(values(committed(push(&mut a, Message::Commit { flags: 0, commit_lsn: Lsn(50), end_lsn: Lsn(51), commit_time: PgTimestamp(0) }))), ["30-a"]);
-    push(&mut a, Message::StreamStart { xid: 10, first_segment: false });
+    assert_eq!(
+        values(committed(push(
+            &mut a,
+            Message::Commit {
+                flags: 0,
+                commit_lsn: Lsn(50),
+                end_lsn: Lsn(51),
+                commit_time: PgTimestamp(0)
+            }
+        ))),
+        ["30-a"]
+    );
+    push(
+        &mut a,
+        Message::StreamStart {
+            xid: 10,
+            first_segment: false,
+        },
+    );
     push(&mut a, insert(Some(11), 1, "10-sub11-y"));
     push(&mut a, Message::StreamStop);
     // Subtransaction 11 aborts: both its changes go, 10-a stays.
-    push(&mut a, Message::StreamAbort { xid: 10, subxid: 11, abort: None });
-    push(&mut a, Message::StreamStart { xid: 10, first_segment: false });
+    push(
+        &mut a,
+        Message::StreamAbort {
+            xid: 10,
+            subxid: 11,
+            abort: None,
+        },
+    );
+    push(
+        &mut a,
+        Message::StreamStart {
+            xid: 10,
+            first_segment: false,
+        },
+    );
     push(&mut a, insert(Some(12), 1, "10-sub12"));
     push(&mut a, insert(Some(10), 1, "10-b"));
     push(&mut a, Message::StreamStop);
     // Transaction 20 aborts entirely.
-    push(&mut a, Message::StreamAbort { xid: 20, subxid: 20, abort: None });
+    push(
+        &mut a,
+        Message::StreamAbort {
+            xid: 20,
+            subxid: 20,
+            abort: None,
+        },
+    );
     assert!(a.stats().spilled >= 1);
-    let t = committed(push(&mut a, Message::StreamCommit { xid: 10, flags: 0, commit_lsn: Lsn(90), end_lsn: Lsn(91), commit_time: PgTimestamp(0) }));
+    let t = committed(push(
+        &mut a,
+        Message::StreamCommit {
+            xid: 10,
+            flags: 0,
+            commit_lsn: Lsn(90),
+            end_lsn: Lsn(91),
+            commit_time: PgTimestamp(0),
+        },
+    ));
     assert_eq!(t.info.commit_lsn, Lsn(90));
     assert!(t.changes.is_spilled());
     assert_eq!(values(t), ["10-a", "10-sub12", "10-b"]);
     assert_eq!(a.stats().aborted, 1);
     // Spill files are gone once read back or discarded.
-    let left: Vec<_> = std::fs::read_dir(dir.path()).map(|d| d.count()).into_iter().collect();
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .map(|d| d.count())
+        .into_iter()
+        .collect();
     assert_eq!(left, [0]);
 }
 
 #[test]
 fn relations_inside_a_stream_stay_with_that_transaction() {
     let (_dir, mut a) = assembler(1 << 20);
-    a.set_relation(relation(1, &["id"]), None).unwrap_or_else(|e| panic!("{e}"));
-    push(&mut a, Message::StreamStart { xid: 10, first_segment: true });
-    a.set_relation(relation(1, &["id", "added"]), Some(10)).unwrap_or_else(|e| panic!("{e}"));
-    push(&mut a, Message::Insert { xid: Some(10), relation_id: 1, new: vec![text("1"), text("2")] });
+    a.set_relation(relation(1, &["id"]), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    push(
+        &mut a,
+        Message::StreamStart {
+            xid: 10,
+            first_segment: true,
+        },
+    );
+    a.set_relation(relation(1, &["id", "added"]), Some(10))
+        .unwrap_or_else(|e| panic!("{e}"));
+    push(
+        &mut a,
+        Message::Insert {
+            xid: Some(10),
+            relation_id: 1,
+            new: vec![text("1"), text("2")],
+        },
+    );
     push(&mut a, Message::StreamStop);
     // A plain transaction still uses the committed one-column shape.
-    push(&mut a, Message::Begin { final_lsn: Lsn(5), commit_time: PgTimestamp(0), xid: 2 });
+    push(
+        &mut a,
+        Message::Begin {
+            final_lsn: Lsn(5),
+            commit_time: PgTimestamp(0),
+            xid: 2,
+        },
+    );
     push(&mut a, insert(None, 1, "x"));
-    committed(push(&mut a, Message::Commit { flags: 0, commit_lsn: Lsn(5), end_lsn: Lsn(6), commit_time: PgTimestamp(0) }));
-    let t = committed(push(&mut a, Message::StreamCommit { xid: 10, flags: 0, commit_lsn: Lsn(9), end_lsn: Lsn(10), commit_time: PgTimestamp(0) }));
-    let changes: Vec<_> = t.changes.into_changes().unwrap_or_else(|e| panic!("{e}")).collect();
-    let Ok(Change::Insert { relation, .. }) = &changes[0] else { panic!("not an insert") };
+    committed(push(
+        &mut a,
+        Message::Commit {
+            flags: 0,
+            commit_lsn: Lsn(5),
+            end_lsn: Lsn(6),
+            commit_time: PgTimestamp(0),
+        },
+    ));
+    let t = committed(push(
+        &mut a,
+        Message::StreamCommit {
+            xid: 10,
+            flags: 0,
+            commit_lsn: Lsn(9),
+            end_lsn: Lsn(10),
+            commit_time: PgTimestamp(0),
+        },
+    ));
+    let changes: Vec<_> = t
+        .changes
+        .into_changes()
+        .unwrap_or_else(|e| panic!("{e}"))
+        .collect();
+    let Ok(Change::Insert { relation, .. }) = &changes[0] else {
+        panic!("not an insert")
+    };
     assert_eq!(relation.columns.len(), 2);
 }
 
 #[test]
 fn two_phase_commit_and_rollback() {
     let (_dir, mut a) = assembler(1 << 20);
-    a.set_relation(relation(1, &["id"]), None).unwrap_or_else(|e| panic!("{e}"));
+    a.set_relation(relation(1, &["id"]), None)
+        .unwrap_or_else(|e| panic!("{e}"));
     let prepare = |gid: &str, lsn: u64| PrepareBody {
         flags: 0,
         prepare_lsn: Lsn(lsn),
@@ -163,9 +345,21 @@ fn two_phase_commit_and_rollback() {
         gid: gid.into(),
     };
     for (gid, lsn) in [("keep", 10), ("drop", 20)] {
-        push(&mut a, Message::BeginPrepare { prepare_lsn: Lsn(lsn), end_lsn: Lsn(lsn + 1), prepare_time: PgTimestamp(0), xid: 3, gid: gid.into() });
+        push(
+            &mut a,
+            Message::BeginPrepare {
+                prepare_lsn: Lsn(lsn),
+                end_lsn: Lsn(lsn + 1),
+                prepare_time: PgTimestamp(0),
+                xid: 3,
+                gid: gid.into(),
+            },
+        );
         push(&mut a, insert(None, 1, gid));
-        assert!(matches!(push(&mut a, Message::Prepare(prepare(gid, lsn))), Assembled::Nothing));
+        assert!(matches!(
+            push(&mut a, Message::Prepare(prepare(gid, lsn))),
+            Assembled::Nothing
+        ));
     }
     assert_eq!(a.oldest_pending_prepare(), Some(Lsn(10)));
     let rollback = Message::RollbackPrepared {
@@ -180,7 +374,14 @@ fn two_phase_commit_and_rollback() {
     assert!(matches!(push(&mut a, rollback), Assembled::Nothing));
     let t = committed(push(
         &mut a,
-        Message::CommitPrepared { flags: 0, commit_lsn: Lsn(40), end_lsn: Lsn(41), commit_time: PgTimestamp(0), xid: 3, gid: "keep".into() },
+        Message::CommitPrepared {
+            flags: 0,
+            commit_lsn: Lsn(40),
+            end_lsn: Lsn(41),
+            commit_time: PgTimestamp(0),
+            xid: 3,
+            gid: "keep".into(),
+        },
     ));
     assert_eq!(t.info.gid.as_deref(), Some("keep"));
     assert_eq!(t.info.end_lsn, Lsn(41));
@@ -191,15 +392,31 @@ fn two_phase_commit_and_rollback() {
 #[test]
 fn memory_stays_under_the_threshold() {
     let (_dir, mut a) = assembler(64 * 1024);
-    a.set_relation(relation(1, &["id"]), None).unwrap_or_else(|e| panic!("{e}"));
-    push(&mut a, Message::Begin { final_lsn: Lsn(1), commit_time: PgTimestamp(0), xid: 1 });
+    a.set_relation(relation(1, &["id"]), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    push(
+        &mut a,
+        Message::Begin {
+            final_lsn: Lsn(1),
+            commit_time: PgTimestamp(0),
+            xid: 1,
+        },
+    );
     let payload = "x".repeat(1000);
     for _ in 0..10_000 {
         push(&mut a, insert(None, 1, &payload));
         let held = a.current.as_ref().map_or(0, |t| t.changes.memory_bytes);
         assert!(held <= 64 * 1024 + 2000, "{held} bytes held in memory");
     }
-    let t = committed(push(&mut a, Message::Commit { flags: 0, commit_lsn: Lsn(1), end_lsn: Lsn(2), commit_time: PgTimestamp(0) }));
+    let t = committed(push(
+        &mut a,
+        Message::Commit {
+            flags: 0,
+            commit_lsn: Lsn(1),
+            end_lsn: Lsn(2),
+            commit_time: PgTimestamp(0),
+        },
+    ));
     assert_eq!(t.changes.len(), 10_000);
     assert_eq!(values(t).len(), 10_000);
 }

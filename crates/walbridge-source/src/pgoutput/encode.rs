@@ -21,13 +21,22 @@ pub fn encode(message: &Message, in_stream_block: bool, out: &mut BytesMut) {
         }
     };
     match message {
-        Message::Begin { final_lsn, commit_time, xid } => {
+        Message::Begin {
+            final_lsn,
+            commit_time,
+            xid,
+        } => {
             out.put_u8(b'B');
             out.put_u64(final_lsn.0);
             out.put_i64(commit_time.0);
             out.put_u32(*xid);
         }
-        Message::Commit { flags, commit_lsn, end_lsn, commit_time } => {
+        Message::Commit {
+            flags,
+            commit_lsn,
+            end_lsn,
+            commit_time,
+        } => {
             out.put_u8(b'C');
             out.put_u8(*flags);
             out.put_u64(commit_lsn.0);
@@ -43,7 +52,14 @@ pub fn encode(message: &Message, in_stream_block: bool, out: &mut BytesMut) {
             out.put_u8(b'R');
             xid(out, x);
             out.put_u32(body.id);
-            cstr(out, if body.schema == "pg_catalog" { "" } else { &body.schema });
+            cstr(
+                out,
+                if body.schema == "pg_catalog" {
+                    ""
+                } else {
+                    &body.schema
+                },
+            );
             cstr(out, &body.name);
             out.put_u8(body.replica_identity.as_byte());
             out.put_i16(i16::try_from(body.columns.len()).unwrap_or(i16::MAX));
@@ -54,21 +70,35 @@ pub fn encode(message: &Message, in_stream_block: bool, out: &mut BytesMut) {
                 out.put_i32(c.type_modifier);
             }
         }
-        Message::Type { xid: x, oid, schema, name } => {
+        Message::Type {
+            xid: x,
+            oid,
+            schema,
+            name,
+        } => {
             out.put_u8(b'Y');
             xid(out, x);
             out.put_u32(*oid);
             cstr(out, schema);
             cstr(out, name);
         }
-        Message::Insert { xid: x, relation_id, new } => {
+        Message::Insert {
+            xid: x,
+            relation_id,
+            new,
+        } => {
             out.put_u8(b'I');
             xid(out, x);
             out.put_u32(*relation_id);
             out.put_u8(b'N');
             tuple(out, new);
         }
-        Message::Update { xid: x, relation_id, old, new } => {
+        Message::Update {
+            xid: x,
+            relation_id,
+            old,
+            new,
+        } => {
             out.put_u8(b'U');
             xid(out, x);
             out.put_u32(*relation_id);
@@ -79,14 +109,23 @@ pub fn encode(message: &Message, in_stream_block: bool, out: &mut BytesMut) {
             out.put_u8(b'N');
             tuple(out, new);
         }
-        Message::Delete { xid: x, relation_id, old: (kind, row) } => {
+        Message::Delete {
+            xid: x,
+            relation_id,
+            old: (kind, row),
+        } => {
             out.put_u8(b'D');
             xid(out, x);
             out.put_u32(*relation_id);
             out.put_u8(kind_byte(*kind));
             tuple(out, row);
         }
-        Message::Truncate { xid: x, cascade, restart_identity, relation_ids } => {
+        Message::Truncate {
+            xid: x,
+            cascade,
+            restart_identity,
+            relation_ids,
+        } => {
             out.put_u8(b'T');
             xid(out, x);
             out.put_i32(i32::try_from(relation_ids.len()).unwrap_or(i32::MAX));
@@ -95,7 +134,13 @@ pub fn encode(message: &Message, in_stream_block: bool, out: &mut BytesMut) {
                 out.put_u32(*id);
             }
         }
-        Message::Message { xid: x, transactional, lsn, prefix, content } => {
+        Message::Message {
+            xid: x,
+            transactional,
+            lsn,
+            prefix,
+            content,
+        } => {
             out.put_u8(b'M');
             xid(out, x);
             out.put_u8(u8::from(*transactional));
@@ -110,7 +155,13 @@ pub fn encode(message: &Message, in_stream_block: bool, out: &mut BytesMut) {
             out.put_u8(u8::from(*first_segment));
         }
         Message::StreamStop => out.put_u8(b'E'),
-        Message::StreamCommit { xid, flags, commit_lsn, end_lsn, commit_time } => {
+        Message::StreamCommit {
+            xid,
+            flags,
+            commit_lsn,
+            end_lsn,
+            commit_time,
+        } => {
             out.put_u8(b'c');
             out.put_u32(*xid);
             out.put_u8(*flags);
@@ -127,7 +178,13 @@ pub fn encode(message: &Message, in_stream_block: bool, out: &mut BytesMut) {
                 out.put_i64(ts.0);
             }
         }
-        Message::BeginPrepare { prepare_lsn, end_lsn, prepare_time, xid, gid } => {
+        Message::BeginPrepare {
+            prepare_lsn,
+            end_lsn,
+            prepare_time,
+            xid,
+            gid,
+        } => {
             out.put_u8(b'b');
             out.put_u64(prepare_lsn.0);
             out.put_u64(end_lsn.0);
@@ -137,7 +194,14 @@ pub fn encode(message: &Message, in_stream_block: bool, out: &mut BytesMut) {
         }
         Message::Prepare(body) => prepare(out, b'P', body),
         Message::StreamPrepare(body) => prepare(out, b'p', body),
-        Message::CommitPrepared { flags, commit_lsn, end_lsn, commit_time, xid, gid } => {
+        Message::CommitPrepared {
+            flags,
+            commit_lsn,
+            end_lsn,
+            commit_time,
+            xid,
+            gid,
+        } => {
             out.put_u8(b'K');
             out.put_u8(*flags);
             out.put_u64(commit_lsn.0);
@@ -146,7 +210,15 @@ pub fn encode(message: &Message, in_stream_block: bool, out: &mut BytesMut) {
             out.put_u32(*xid);
             cstr(out, gid);
         }
-        Message::RollbackPrepared { flags, prepare_end_lsn, rollback_end_lsn, prepare_time, rollback_time, xid, gid } => {
+        Message::RollbackPrepared {
+            flags,
+            prepare_end_lsn,
+            rollback_end_lsn,
+            prepare_time,
+            rollback_time,
+            xid,
+            gid,
+        } => {
             out.put_u8(b'r');
             out.put_u8(*flags);
             out.put_u64(prepare_end_lsn.0);
@@ -184,7 +256,11 @@ fn tuple(out: &mut BytesMut, row: &Row) {
             Datum::Null => out.put_u8(b'n'),
             Datum::UnchangedToast => out.put_u8(b'u'),
             Datum::Text(b) | Datum::Binary(b) => {
-                out.put_u8(if matches!(datum, Datum::Text(_)) { b't' } else { b'b' });
+                out.put_u8(if matches!(datum, Datum::Text(_)) {
+                    b't'
+                } else {
+                    b'b'
+                });
                 out.put_i32(i32::try_from(b.len()).unwrap_or(i32::MAX));
                 out.put_slice(b);
             }

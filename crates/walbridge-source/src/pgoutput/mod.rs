@@ -306,10 +306,16 @@ impl Decoder {
     pub fn decode(&mut self, data: Bytes) -> Result<Message, DecodeError> {
         let &tag = data.first().ok_or(DecodeError::Empty)?;
         let mut r = Reader::new(data);
-        r.u8().map_err(|source| DecodeError::Malformed { tag: char::from(tag), source })?;
+        r.u8().map_err(|source| DecodeError::Malformed {
+            tag: char::from(tag),
+            source,
+        })?;
         let message = self.decode_body(tag, &mut r)?;
         if r.remaining() != 0 {
-            return Err(DecodeError::TrailingBytes { tag: char::from(tag), count: r.remaining() });
+            return Err(DecodeError::TrailingBytes {
+                tag: char::from(tag),
+                count: r.remaining(),
+            });
         }
         match message {
             Message::StreamStart { .. } => self.in_stream_block = true,
@@ -321,18 +327,40 @@ impl Decoder {
 
     fn decode_body(&self, tag: u8, r: &mut Reader) -> Result<Message, DecodeError> {
         let tag_char = char::from(tag);
-        let malformed = |source| DecodeError::Malformed { tag: tag_char, source };
-        let invalid = |what: String| DecodeError::Invalid { tag: tag_char, what };
+        let malformed = |source| DecodeError::Malformed {
+            tag: tag_char,
+            source,
+        };
+        let invalid = |what: String| DecodeError::Invalid {
+            tag: tag_char,
+            what,
+        };
         let lsn = |r: &mut Reader| r.u64().map(Lsn);
         let ts = |r: &mut Reader| r.i64().map(PgTimestamp);
         let stream_xid = |r: &mut Reader| -> Result<Option<u32>, ReadError> {
-            if self.in_stream_block { r.u32().map(Some) } else { Ok(None) }
+            if self.in_stream_block {
+                r.u32().map(Some)
+            } else {
+                Ok(None)
+            }
         };
         let body = (|| -> Result<Result<Message, DecodeError>, ReadError> {
             Ok(Ok(match tag {
-                b'B' => Message::Begin { final_lsn: lsn(r)?, commit_time: ts(r)?, xid: r.u32()? },
-                b'C' => Message::Commit { flags: r.u8()?, commit_lsn: lsn(r)?, end_lsn: lsn(r)?, commit_time: ts(r)? },
-                b'O' => Message::Origin { lsn: lsn(r)?, name: r.cstr()? },
+                b'B' => Message::Begin {
+                    final_lsn: lsn(r)?,
+                    commit_time: ts(r)?,
+                    xid: r.u32()?,
+                },
+                b'C' => Message::Commit {
+                    flags: r.u8()?,
+                    commit_lsn: lsn(r)?,
+                    end_lsn: lsn(r)?,
+                    commit_time: ts(r)?,
+                },
+                b'O' => Message::Origin {
+                    lsn: lsn(r)?,
+                    name: r.cstr()?,
+                },
                 b'R' => {
                     let xid = stream_xid(r)?;
                     let id = r.u32()?;
@@ -340,7 +368,9 @@ impl Decoder {
                     let name = r.cstr()?;
                     let identity_byte = r.u8()?;
                     let Some(replica_identity) = ReplicaIdentity::from_byte(identity_byte) else {
-                        return Ok(Err(invalid(format!("replica identity {identity_byte:#04x}"))));
+                        return Ok(Err(invalid(format!(
+                            "replica identity {identity_byte:#04x}"
+                        ))));
                     };
                     let ncols = r.i16()?;
                     let Ok(ncols) = usize::try_from(ncols) else {
@@ -355,19 +385,45 @@ impl Decoder {
                             type_modifier: r.i32()?,
                         });
                     }
-                    let schema = if schema.is_empty() { "pg_catalog".to_owned() } else { schema };
-                    Message::Relation { xid, body: RelationBody { id, schema, name, replica_identity, columns } }
+                    let schema = if schema.is_empty() {
+                        "pg_catalog".to_owned()
+                    } else {
+                        schema
+                    };
+                    Message::Relation {
+                        xid,
+                        body: RelationBody {
+                            id,
+                            schema,
+                            name,
+                            replica_identity,
+                            columns,
+                        },
+                    }
                 }
-                b'Y' => Message::Type { xid: stream_xid(r)?, oid: r.u32()?, schema: r.cstr()?, name: r.cstr()? },
+                b'Y' => Message::Type {
+                    xid: stream_xid(r)?,
+                    oid: r.u32()?,
+                    schema: r.cstr()?,
+                    name: r.cstr()?,
+                },
                 b'I' => {
                     let xid = stream_xid(r)?;
                     let relation_id = r.u32()?;
                     match r.u8()? {
                         b'N' => {}
-                        other => return Ok(Err(invalid(format!("tuple marker {other:#04x}, expected 'N'")))),
+                        other => {
+                            return Ok(Err(invalid(format!(
+                                "tuple marker {other:#04x}, expected 'N'"
+                            ))));
+                        }
                     }
                     match tuple(r)? {
-                        Ok(new) => Message::Insert { xid, relation_id, new },
+                        Ok(new) => Message::Insert {
+                            xid,
+                            relation_id,
+                            new,
+                        },
                         Err(e) => return Ok(Err(invalid(e))),
                     }
                 }
@@ -384,10 +440,17 @@ impl Decoder {
                         marker = r.u8()?;
                     }
                     if marker != b'N' {
-                        return Ok(Err(invalid(format!("tuple marker {marker:#04x}, expected 'N'"))));
+                        return Ok(Err(invalid(format!(
+                            "tuple marker {marker:#04x}, expected 'N'"
+                        ))));
                     }
                     match tuple(r)? {
-                        Ok(new) => Message::Update { xid, relation_id, old, new },
+                        Ok(new) => Message::Update {
+                            xid,
+                            relation_id,
+                            old,
+                            new,
+                        },
                         Err(e) => return Ok(Err(invalid(e))),
                     }
                 }
@@ -396,10 +459,16 @@ impl Decoder {
                     let relation_id = r.u32()?;
                     let marker = r.u8()?;
                     let Some(kind) = old_kind(marker) else {
-                        return Ok(Err(invalid(format!("tuple marker {marker:#04x}, expected 'K' or 'O'"))));
+                        return Ok(Err(invalid(format!(
+                            "tuple marker {marker:#04x}, expected 'K' or 'O'"
+                        ))));
                     };
                     match tuple(r)? {
-                        Ok(row) => Message::Delete { xid, relation_id, old: (kind, row) },
+                        Ok(row) => Message::Delete {
+                            xid,
+                            relation_id,
+                            old: (kind, row),
+                        },
                         Err(e) => return Ok(Err(invalid(e))),
                     }
                 }
@@ -428,7 +497,10 @@ impl Decoder {
                     prefix: r.cstr()?,
                     content: r.length_prefixed()?,
                 },
-                b'S' => Message::StreamStart { xid: r.u32()?, first_segment: r.u8()? == 1 },
+                b'S' => Message::StreamStart {
+                    xid: r.u32()?,
+                    first_segment: r.u8()? == 1,
+                },
                 b'E' => Message::StreamStop,
                 b'c' => Message::StreamCommit {
                     xid: r.u32()?,
@@ -440,7 +512,11 @@ impl Decoder {
                 b'A' => {
                     let xid = r.u32()?;
                     let subxid = r.u32()?;
-                    let abort = if r.remaining() >= 16 { Some((lsn(r)?, ts(r)?)) } else { None };
+                    let abort = if r.remaining() >= 16 {
+                        Some((lsn(r)?, ts(r)?))
+                    } else {
+                        None
+                    };
                     Message::StreamAbort { xid, subxid, abort }
                 }
                 b'b' => Message::BeginPrepare {

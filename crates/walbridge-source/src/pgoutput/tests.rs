@@ -2,8 +2,8 @@ use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
 use walbridge_core::{Datum, Lsn, PgTimestamp, ReplicaIdentity};
 
-use super::*;
 use super::encode::encode;
+use super::*;
 
 fn datum() -> impl Strategy<Value = Datum> {
     prop_oneof![
@@ -36,49 +36,122 @@ fn old_kind() -> impl Strategy<Value = OldTupleKind> {
 }
 
 fn prepare_body() -> impl Strategy<Value = PrepareBody> {
-    (any::<u8>(), any::<u64>(), any::<u64>(), any::<i64>(), any::<u32>(), name()).prop_map(
-        |(flags, p, e, t, xid, gid)| PrepareBody {
+    (
+        any::<u8>(),
+        any::<u64>(),
+        any::<u64>(),
+        any::<i64>(),
+        any::<u32>(),
+        name(),
+    )
+        .prop_map(|(flags, p, e, t, xid, gid)| PrepareBody {
             flags,
             prepare_lsn: Lsn(p),
             end_lsn: Lsn(e),
             prepare_time: PgTimestamp(t),
             xid,
             gid,
-        },
-    )
+        })
 }
 
 /// Data messages, with `xid` set iff inside a stream block.
 fn data_message(in_stream: bool) -> impl Strategy<Value = Message> {
-    let xid = if in_stream { any::<u32>().prop_map(Some).boxed() } else { Just(None).boxed() };
-    let column = (any::<bool>(), name(), any::<u32>(), any::<i32>()).prop_map(|(is_key, name, type_oid, type_modifier)| {
-        RelationColumn { is_key, name, type_oid, type_modifier }
-    });
+    let xid = if in_stream {
+        any::<u32>().prop_map(Some).boxed()
+    } else {
+        Just(None).boxed()
+    };
+    let column = (any::<bool>(), name(), any::<u32>(), any::<i32>()).prop_map(
+        |(is_key, name, type_oid, type_modifier)| RelationColumn {
+            is_key,
+            name,
+            type_oid,
+            type_modifier,
+        },
+    );
     prop_oneof![
-        (xid.clone(), any::<u32>(), name(), name(), identity(), proptest::collection::vec(column, 0..6)).prop_map(
-            |(xid, id, schema, name, replica_identity, columns)| Message::Relation {
+        (
+            xid.clone(),
+            any::<u32>(),
+            name(),
+            name(),
+            identity(),
+            proptest::collection::vec(column, 0..6)
+        )
+            .prop_map(|(xid, id, schema, name, replica_identity, columns)| {
+                Message::Relation {
+                    xid,
+                    body: RelationBody {
+                        id,
+                        schema,
+                        name,
+                        replica_identity,
+                        columns,
+                    },
+                }
+            }),
+        (xid.clone(), any::<u32>(), name(), name()).prop_map(|(xid, oid, schema, name)| {
+            Message::Type {
                 xid,
-                body: RelationBody { id, schema, name, replica_identity, columns },
+                oid,
+                schema,
+                name,
             }
-        ),
-        (xid.clone(), any::<u32>(), name(), name()).prop_map(|(xid, oid, schema, name)| Message::Type { xid, oid, schema, name }),
-        (xid.clone(), any::<u32>(), row()).prop_map(|(xid, relation_id, new)| Message::Insert { xid, relation_id, new }),
-        (xid.clone(), any::<u32>(), proptest::option::of((old_kind(), row())), row())
-            .prop_map(|(xid, relation_id, old, new)| Message::Update { xid, relation_id, old, new }),
-        (xid.clone(), any::<u32>(), old_kind(), row())
-            .prop_map(|(xid, relation_id, k, r)| Message::Delete { xid, relation_id, old: (k, r) }),
-        (xid.clone(), any::<bool>(), any::<bool>(), proptest::collection::vec(any::<u32>(), 0..5)).prop_map(
-            |(xid, cascade, restart_identity, relation_ids)| Message::Truncate { xid, cascade, restart_identity, relation_ids }
-        ),
-        (xid, any::<bool>(), any::<u64>(), name(), proptest::collection::vec(any::<u8>(), 0..30)).prop_map(
-            |(xid, transactional, lsn, prefix, content)| Message::Message {
+        }),
+        (xid.clone(), any::<u32>(), row()).prop_map(|(xid, relation_id, new)| Message::Insert {
+            xid,
+            relation_id,
+            new
+        }),
+        (
+            xid.clone(),
+            any::<u32>(),
+            proptest::option::of((old_kind(), row())),
+            row()
+        )
+            .prop_map(|(xid, relation_id, old, new)| Message::Update {
                 xid,
-                transactional,
-                lsn: Lsn(lsn),
-                prefix,
-                content: Bytes::from(content),
+                relation_id,
+                old,
+                new
+            }),
+        (xid.clone(), any::<u32>(), old_kind(), row()).prop_map(|(xid, relation_id, k, r)| {
+            Message::Delete {
+                xid,
+                relation_id,
+                old: (k, r),
             }
-        ),
+        }),
+        (
+            xid.clone(),
+            any::<bool>(),
+            any::<bool>(),
+            proptest::collection::vec(any::<u32>(), 0..5)
+        )
+            .prop_map(
+                |(xid, cascade, restart_identity, relation_ids)| Message::Truncate {
+                    xid,
+                    cascade,
+                    restart_identity,
+                    relation_ids
+                }
+            ),
+        (
+            xid,
+            any::<bool>(),
+            any::<u64>(),
+            name(),
+            proptest::collection::vec(any::<u8>(), 0..30)
+        )
+            .prop_map(
+                |(xid, transactional, lsn, prefix, content)| Message::Message {
+                    xid,
+                    transactional,
+                    lsn: Lsn(lsn),
+                    prefix,
+                    content: Bytes::from(content),
+                }
+            ),
     ]
 }
 
@@ -89,45 +162,97 @@ fn control_message() -> impl Strategy<Value = Message> {
             commit_time: PgTimestamp(t),
             xid
         }),
-        (any::<u8>(), any::<u64>(), any::<u64>(), any::<i64>()).prop_map(|(flags, c, e, t)| Message::Commit {
-            flags,
-            commit_lsn: Lsn(c),
-            end_lsn: Lsn(e),
-            commit_time: PgTimestamp(t)
+        (any::<u8>(), any::<u64>(), any::<u64>(), any::<i64>()).prop_map(|(flags, c, e, t)| {
+            Message::Commit {
+                flags,
+                commit_lsn: Lsn(c),
+                end_lsn: Lsn(e),
+                commit_time: PgTimestamp(t),
+            }
         }),
         (any::<u64>(), name()).prop_map(|(l, name)| Message::Origin { lsn: Lsn(l), name }),
-        (any::<u8>(), any::<u32>(), any::<u64>(), any::<u64>(), any::<i64>()).prop_map(|(flags, xid, c, e, t)| {
-            Message::StreamCommit { xid, flags, commit_lsn: Lsn(c), end_lsn: Lsn(e), commit_time: PgTimestamp(t) }
-        }),
-        (any::<u32>(), any::<u32>(), proptest::option::of((any::<u64>(), any::<i64>()))).prop_map(|(xid, subxid, a)| {
-            Message::StreamAbort { xid, subxid, abort: a.map(|(l, t)| (Lsn(l), PgTimestamp(t))) }
-        }),
-        (any::<u64>(), any::<u64>(), any::<i64>(), any::<u32>(), name()).prop_map(|(p, e, t, xid, gid)| {
-            Message::BeginPrepare { prepare_lsn: Lsn(p), end_lsn: Lsn(e), prepare_time: PgTimestamp(t), xid, gid }
-        }),
+        (
+            any::<u8>(),
+            any::<u32>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<i64>()
+        )
+            .prop_map(|(flags, xid, c, e, t)| {
+                Message::StreamCommit {
+                    xid,
+                    flags,
+                    commit_lsn: Lsn(c),
+                    end_lsn: Lsn(e),
+                    commit_time: PgTimestamp(t),
+                }
+            }),
+        (
+            any::<u32>(),
+            any::<u32>(),
+            proptest::option::of((any::<u64>(), any::<i64>()))
+        )
+            .prop_map(|(xid, subxid, a)| {
+                Message::StreamAbort {
+                    xid,
+                    subxid,
+                    abort: a.map(|(l, t)| (Lsn(l), PgTimestamp(t))),
+                }
+            }),
+        (
+            any::<u64>(),
+            any::<u64>(),
+            any::<i64>(),
+            any::<u32>(),
+            name()
+        )
+            .prop_map(|(p, e, t, xid, gid)| {
+                Message::BeginPrepare {
+                    prepare_lsn: Lsn(p),
+                    end_lsn: Lsn(e),
+                    prepare_time: PgTimestamp(t),
+                    xid,
+                    gid,
+                }
+            }),
         prepare_body().prop_map(Message::Prepare),
         prepare_body().prop_map(Message::StreamPrepare),
-        (any::<u8>(), any::<u64>(), any::<u64>(), any::<i64>(), any::<u32>(), name()).prop_map(
-            |(flags, c, e, t, xid, gid)| Message::CommitPrepared {
+        (
+            any::<u8>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<i64>(),
+            any::<u32>(),
+            name()
+        )
+            .prop_map(|(flags, c, e, t, xid, gid)| Message::CommitPrepared {
                 flags,
                 commit_lsn: Lsn(c),
                 end_lsn: Lsn(e),
                 commit_time: PgTimestamp(t),
                 xid,
                 gid
-            }
-        ),
-        (any::<u8>(), any::<u64>(), any::<u64>(), any::<i64>(), any::<i64>(), any::<u32>(), name()).prop_map(
-            |(flags, p, r, pt, rt, xid, gid)| Message::RollbackPrepared {
-                flags,
-                prepare_end_lsn: Lsn(p),
-                rollback_end_lsn: Lsn(r),
-                prepare_time: PgTimestamp(pt),
-                rollback_time: PgTimestamp(rt),
-                xid,
-                gid
-            }
-        ),
+            }),
+        (
+            any::<u8>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<i64>(),
+            any::<i64>(),
+            any::<u32>(),
+            name()
+        )
+            .prop_map(
+                |(flags, p, r, pt, rt, xid, gid)| Message::RollbackPrepared {
+                    flags,
+                    prepare_end_lsn: Lsn(p),
+                    rollback_end_lsn: Lsn(r),
+                    prepare_time: PgTimestamp(pt),
+                    rollback_time: PgTimestamp(rt),
+                    xid,
+                    gid
+                }
+            ),
     ]
 }
 
@@ -140,8 +265,20 @@ fn encoded(message: &Message, in_stream: bool) -> Bytes {
 /// A decoder positioned inside a stream block.
 fn streaming_decoder() -> Decoder {
     let mut d = Decoder::new();
-    let start = encoded(&Message::StreamStart { xid: 7, first_segment: true }, false);
-    assert_eq!(d.decode(start), Ok(Message::StreamStart { xid: 7, first_segment: true }));
+    let start = encoded(
+        &Message::StreamStart {
+            xid: 7,
+            first_segment: true,
+        },
+        false,
+    );
+    assert_eq!(
+        d.decode(start),
+        Ok(Message::StreamStart {
+            xid: 7,
+            first_segment: true
+        })
+    );
     d
 }
 
@@ -207,9 +344,20 @@ fn normalized(m: Message) -> Message {
 fn stream_blocks_switch_xid_parsing() {
     let mut d = Decoder::new();
     assert!(!d.in_stream_block());
-    d.decode(encoded(&Message::StreamStart { xid: 9, first_segment: false }, false)).ok();
+    d.decode(encoded(
+        &Message::StreamStart {
+            xid: 9,
+            first_segment: false,
+        },
+        false,
+    ))
+    .ok();
     assert!(d.in_stream_block());
-    let insert = Message::Insert { xid: Some(9), relation_id: 5, new: vec![Datum::Null] };
+    let insert = Message::Insert {
+        xid: Some(9),
+        relation_id: 5,
+        new: vec![Datum::Null],
+    };
     assert_eq!(d.decode(encoded(&insert, true)), Ok(insert));
     d.decode(encoded(&Message::StreamStop, false)).ok();
     assert!(!d.in_stream_block());
@@ -219,13 +367,25 @@ fn stream_blocks_switch_xid_parsing() {
 fn rejects_bad_fields_with_typed_errors() {
     let mut d = Decoder::new();
     assert_eq!(d.decode(Bytes::new()), Err(DecodeError::Empty));
-    assert_eq!(d.decode(Bytes::from_static(b"Z")), Err(DecodeError::UnknownTag(b'Z')));
+    assert_eq!(
+        d.decode(Bytes::from_static(b"Z")),
+        Err(DecodeError::UnknownTag(b'Z'))
+    );
     // Insert with a bad tuple kind.
     let bad = Bytes::from_static(&[b'I', 0, 0, 0, 1, b'N', 0, 1, b'x']);
-    assert!(matches!(d.decode(bad), Err(DecodeError::Invalid { tag: 'I', .. })));
+    assert!(matches!(
+        d.decode(bad),
+        Err(DecodeError::Invalid { tag: 'I', .. })
+    ));
     // Negative length of a text datum.
     let bad = Bytes::from_static(&[b'I', 0, 0, 0, 1, b'N', 0, 1, b't', 0xff, 0xff, 0xff, 0xff]);
-    assert!(matches!(d.decode(bad), Err(DecodeError::Malformed { tag: 'I', .. })));
+    assert!(matches!(
+        d.decode(bad),
+        Err(DecodeError::Malformed { tag: 'I', .. })
+    ));
     let trailing = Bytes::from_static(&[b'E', 0]);
-    assert_eq!(d.decode(trailing), Err(DecodeError::TrailingBytes { tag: 'E', count: 1 }));
+    assert_eq!(
+        d.decode(trailing),
+        Err(DecodeError::TrailingBytes { tag: 'E', count: 1 })
+    );
 }

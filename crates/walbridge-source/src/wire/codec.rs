@@ -51,7 +51,11 @@ pub struct ServerError {
 
 impl std::fmt::Display for ServerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {} (SQLSTATE {})", self.severity, self.message, self.code)?;
+        write!(
+            f,
+            "{}: {} (SQLSTATE {})",
+            self.severity, self.message, self.code
+        )?;
         if let Some(d) = &self.detail {
             write!(f, "; detail: {d}")?;
         }
@@ -133,7 +137,10 @@ pub fn decode(buf: &mut BytesMut) -> Result<Option<BackendMessage>, CodecError> 
     let length = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]);
     let len = length as usize;
     if !(4..=MAX_MESSAGE_LEN).contains(&len) {
-        return Err(CodecError::BadLength { tag: char::from(tag), length });
+        return Err(CodecError::BadLength {
+            tag: char::from(tag),
+            length,
+        });
     }
     if buf.len() < len + 1 {
         buf.reserve(len + 1 - buf.len());
@@ -143,7 +150,10 @@ pub fn decode(buf: &mut BytesMut) -> Result<Option<BackendMessage>, CodecError> 
     let body = buf.split_to(len - 4).freeze();
     parse(tag, body)
         .map(Some)
-        .map_err(|source| CodecError::Malformed { tag: char::from(tag), source })
+        .map_err(|source| CodecError::Malformed {
+            tag: char::from(tag),
+            source,
+        })
 }
 
 fn parse(tag: u8, body: Bytes) -> Result<BackendMessage, ReadError> {
@@ -171,7 +181,10 @@ fn parse(tag: u8, body: Bytes) -> Result<BackendMessage, ReadError> {
             12 => AuthRequest::SaslFinal(r.rest()),
             other => AuthRequest::Unsupported(other),
         }),
-        b'S' => BackendMessage::ParameterStatus { name: r.cstr()?, value: r.cstr()? },
+        b'S' => BackendMessage::ParameterStatus {
+            name: r.cstr()?,
+            value: r.cstr()?,
+        },
         b'K' => BackendMessage::BackendKeyData,
         b'Z' => BackendMessage::ReadyForQuery(r.u8()?),
         b'E' => BackendMessage::ErrorResponse(error_fields(&mut r)?),
@@ -242,7 +255,10 @@ mod tests {
         let mut buf = BytesMut::from(&b"Z\0\0\0\x05I"[..3]);
         assert_eq!(decode(&mut buf), Ok(None));
         buf.extend_from_slice(b"\0\x05I");
-        assert_eq!(decode(&mut buf), Ok(Some(BackendMessage::ReadyForQuery(b'I'))));
+        assert_eq!(
+            decode(&mut buf),
+            Ok(Some(BackendMessage::ReadyForQuery(b'I')))
+        );
         assert!(buf.is_empty());
     }
 
@@ -252,14 +268,25 @@ mod tests {
         let mut buf = BytesMut::from(&b"E"[..]);
         buf.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
         buf.extend_from_slice(body);
-        let Ok(Some(BackendMessage::ErrorResponse(e))) = decode(&mut buf) else { panic!("not an error") };
-        assert_eq!((e.severity.as_str(), e.code.as_str(), e.message.as_str()), ("ERROR", "42704", "no such slot"));
+        let Ok(Some(BackendMessage::ErrorResponse(e))) = decode(&mut buf) else {
+            panic!("not an error")
+        };
+        assert_eq!(
+            (e.severity.as_str(), e.code.as_str(), e.message.as_str()),
+            ("ERROR", "42704", "no such slot")
+        );
     }
 
     #[test]
     fn rejects_bad_lengths() {
         let mut buf = BytesMut::from(&b"d\0\0\0\x02"[..]);
-        assert!(matches!(decode(&mut buf), Err(CodecError::BadLength { tag: 'd', length: 2 })));
+        assert!(matches!(
+            decode(&mut buf),
+            Err(CodecError::BadLength {
+                tag: 'd',
+                length: 2
+            })
+        ));
     }
 
     proptest! {

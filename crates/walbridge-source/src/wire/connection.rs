@@ -46,7 +46,9 @@ pub enum ConnectionError {
         source: io::Error,
     },
     /// The server does not offer TLS but `sslmode` requires it.
-    #[error("{target} does not accept TLS connections, but sslmode requires TLS: enable ssl on the server or use sslmode=prefer")]
+    #[error(
+        "{target} does not accept TLS connections, but sslmode requires TLS: enable ssl on the server or use sslmode=prefer"
+    )]
     TlsRefused {
         /// `host:port`.
         target: String,
@@ -60,7 +62,9 @@ pub enum ConnectionError {
         source: io::Error,
     },
     /// The server asked for a password and none was configured.
-    #[error("{target} asks for a password for role \"{user}\": add password=… to the connection string or set PGPASSWORD")]
+    #[error(
+        "{target} asks for a password for role \"{user}\": add password=… to the connection string or set PGPASSWORD"
+    )]
     PasswordRequired {
         /// `host:port`.
         target: String,
@@ -68,14 +72,16 @@ pub enum ConnectionError {
         user: String,
     },
     /// The server asked for an authentication method walbridge lacks.
-    #[error("the server requested an unsupported authentication method ({0}); use scram-sha-256, md5, password or trust in pg_hba.conf")]
+    #[error(
+        "the server requested an unsupported authentication method ({0}); use scram-sha-256, md5, password or trust in pg_hba.conf"
+    )]
     UnsupportedAuth(String),
     /// SCRAM exchange failed (wrong server proof, malformed message).
     #[error("SCRAM authentication failed: {0}")]
     Scram(io::Error),
     /// The server reported an error.
     #[error("{0}")]
-    Server(ServerError),
+    Server(Box<ServerError>),
     /// The connection broke.
     #[error("connection to the server failed: {0}")]
     Io(#[from] io::Error),
@@ -144,7 +150,9 @@ pub struct ReplicationConnection {
 
 impl std::fmt::Debug for ReplicationConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReplicationConnection").field("target", &self.target).finish_non_exhaustive()
+        f.debug_struct("ReplicationConnection")
+            .field("target", &self.target)
+            .finish_non_exhaustive()
     }
 }
 
@@ -155,27 +163,39 @@ fn target_of(host: &Host, port: u16) -> String {
     }
 }
 
-async fn open_socket(params: &ConnParams, host: &Host, tls: Option<&TlsSettings>) -> Result<Box<dyn Io>, ConnectionError> {
+async fn open_socket(
+    params: &ConnParams,
+    host: &Host,
+    tls: Option<&TlsSettings>,
+) -> Result<Box<dyn Io>, ConnectionError> {
     let target = target_of(host, params.port);
     let connect = async {
         match host {
-            Host::Tcp(h) => TcpStream::connect((h.as_str(), params.port)).await.map(|s| {
-                // Status updates are small and latency-sensitive.
-                let _ = s.set_nodelay(true);
-                Box::new(s) as Box<dyn Io>
-            }),
+            Host::Tcp(h) => TcpStream::connect((h.as_str(), params.port))
+                .await
+                .map(|s| {
+                    // Status updates are small and latency-sensitive.
+                    let _ = s.set_nodelay(true);
+                    Box::new(s) as Box<dyn Io>
+                }),
             Host::Unix(dir) => UnixStream::connect(dir.join(format!(".s.PGSQL.{}", params.port)))
                 .await
                 .map(|s| Box::new(s) as Box<dyn Io>),
         }
     };
     let stream = match params.connect_timeout {
-        Some(t) => tokio::time::timeout(t, connect)
-            .await
-            .unwrap_or_else(|_| Err(io::Error::new(io::ErrorKind::TimedOut, "connect_timeout expired"))),
+        Some(t) => tokio::time::timeout(t, connect).await.unwrap_or_else(|_| {
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "connect_timeout expired",
+            ))
+        }),
         None => connect.await,
     }
-    .map_err(|source| ConnectionError::Connect { target: target.clone(), source })?;
+    .map_err(|source| ConnectionError::Connect {
+        target: target.clone(),
+        source,
+    })?;
     let (Host::Tcp(name), Some(tls)) = (host, tls) else {
         // libpq never uses TLS on Unix-domain sockets either.
         return Ok(stream);
@@ -196,20 +216,27 @@ async fn open_socket(params: &ConnParams, host: &Host, tls: Option<&TlsSettings>
         }
         b'N' if !tls.required() => Ok(stream),
         b'N' => Err(ConnectionError::TlsRefused { target }),
-        other => Err(ConnectionError::Unexpected(format!("answer {other:#04x} to the TLS request"))),
+        other => Err(ConnectionError::Unexpected(format!(
+            "answer {other:#04x} to the TLS request"
+        ))),
     }
 }
 
 impl ReplicationConnection {
     /// Connects and authenticates, trying each host in turn.
     /// `application_name` is used unless the connection string sets one.
-    pub async fn connect(params: &ConnParams, application_name: &str) -> Result<Self, ConnectionError> {
+    pub async fn connect(
+        params: &ConnParams,
+        application_name: &str,
+    ) -> Result<Self, ConnectionError> {
         let tls = TlsSettings::new(params)?;
         let mut last_error = None;
         for host in &params.hosts {
             match Self::connect_host(params, host, tls.as_ref(), application_name).await {
                 Ok(conn) => return Ok(conn),
-                Err(e @ (ConnectionError::Connect { .. } | ConnectionError::Io(_))) => last_error = Some(e),
+                Err(e @ (ConnectionError::Connect { .. } | ConnectionError::Io(_))) => {
+                    last_error = Some(e)
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -230,9 +257,16 @@ impl ReplicationConnection {
             parameters: HashMap::new(),
             target: target_of(host, params.port),
         };
-        let app = params.application_name.as_deref().unwrap_or(application_name);
-        let mut startup: Vec<(&str, &str)> =
-            vec![("user", &params.user), ("database", &params.dbname), ("replication", "database"), ("application_name", app)];
+        let app = params
+            .application_name
+            .as_deref()
+            .unwrap_or(application_name);
+        let mut startup: Vec<(&str, &str)> = vec![
+            ("user", &params.user),
+            ("database", &params.dbname),
+            ("replication", "database"),
+            ("application_name", app),
+        ];
         startup.extend(SESSION_SETTINGS);
         if let Some(options) = &params.options {
             startup.push(("options", options));
@@ -246,10 +280,13 @@ impl ReplicationConnection {
     async fn authenticate(&mut self, params: &ConnParams) -> Result<(), ConnectionError> {
         let target = self.target.clone();
         let password = || {
-            params.password.clone().ok_or_else(|| ConnectionError::PasswordRequired {
-                target: target.clone(),
-                user: params.user.clone(),
-            })
+            params
+                .password
+                .clone()
+                .ok_or_else(|| ConnectionError::PasswordRequired {
+                    target: target.clone(),
+                    user: params.user.clone(),
+                })
         };
         let mut scram: Option<ScramSha256> = None;
         loop {
@@ -260,27 +297,42 @@ impl ReplicationConnection {
                     self.flush().await?;
                 }
                 BackendMessage::Authentication(AuthRequest::Md5(salt)) => {
-                    let hash = postgres_protocol::authentication::md5_hash(params.user.as_bytes(), password()?.as_bytes(), salt);
+                    let hash = postgres_protocol::authentication::md5_hash(
+                        params.user.as_bytes(),
+                        password()?.as_bytes(),
+                        salt,
+                    );
                     frontend::password_message(hash.as_bytes(), &mut self.write_buf)?;
                     self.flush().await?;
                 }
                 BackendMessage::Authentication(AuthRequest::Sasl(mechanisms)) => {
                     if !mechanisms.iter().any(|m| m == "SCRAM-SHA-256") {
-                        return Err(ConnectionError::UnsupportedAuth(format!("SASL {}", mechanisms.join(", "))));
+                        return Err(ConnectionError::UnsupportedAuth(format!(
+                            "SASL {}",
+                            mechanisms.join(", ")
+                        )));
                     }
                     let s = ScramSha256::new(password()?.as_bytes(), ChannelBinding::unsupported());
-                    frontend::sasl_initial_response("SCRAM-SHA-256", s.message(), &mut self.write_buf)?;
+                    frontend::sasl_initial_response(
+                        "SCRAM-SHA-256",
+                        s.message(),
+                        &mut self.write_buf,
+                    )?;
                     self.flush().await?;
                     scram = Some(s);
                 }
                 BackendMessage::Authentication(AuthRequest::SaslContinue(data)) => {
-                    let s = scram.as_mut().ok_or_else(|| ConnectionError::Unexpected("SASL continue".into()))?;
+                    let s = scram
+                        .as_mut()
+                        .ok_or_else(|| ConnectionError::Unexpected("SASL continue".into()))?;
                     s.update(&data).map_err(ConnectionError::Scram)?;
                     frontend::sasl_response(s.message(), &mut self.write_buf)?;
                     self.flush().await?;
                 }
                 BackendMessage::Authentication(AuthRequest::SaslFinal(data)) => {
-                    let s = scram.as_mut().ok_or_else(|| ConnectionError::Unexpected("SASL final".into()))?;
+                    let s = scram
+                        .as_mut()
+                        .ok_or_else(|| ConnectionError::Unexpected("SASL final".into()))?;
                     s.finish(&data).map_err(ConnectionError::Scram)?;
                 }
                 BackendMessage::Authentication(AuthRequest::Unsupported(code)) => {
@@ -291,8 +343,14 @@ impl ReplicationConnection {
                 }
                 BackendMessage::BackendKeyData | BackendMessage::NoticeResponse(_) => {}
                 BackendMessage::ReadyForQuery(_) => return Ok(()),
-                BackendMessage::ErrorResponse(e) => return Err(ConnectionError::Server(e)),
-                other => return Err(ConnectionError::Unexpected(format!("{other:?} during start-up"))),
+                BackendMessage::ErrorResponse(e) => {
+                    return Err(ConnectionError::Server(Box::new(e)));
+                }
+                other => {
+                    return Err(ConnectionError::Unexpected(format!(
+                        "{other:?} during start-up"
+                    )));
+                }
             }
         }
     }
@@ -305,7 +363,8 @@ impl ReplicationConnection {
     /// The server's version as `server_version_num` (e.g. 150004), parsed
     /// from the `server_version` start-up parameter.
     pub fn server_version_num(&self) -> u32 {
-        self.parameter("server_version").map_or(0, parse_server_version)
+        self.parameter("server_version")
+            .map_or(0, parse_server_version)
     }
 
     /// `host:port` (or socket path) of the server.
@@ -357,16 +416,22 @@ impl ReplicationConnection {
                 BackendMessage::ErrorResponse(e) => error = Some(e),
                 BackendMessage::ReadyForQuery(_) => {
                     return match error {
-                        Some(e) => Err(ConnectionError::Server(e)),
+                        Some(e) => Err(ConnectionError::Server(Box::new(e))),
                         None => Ok(results),
                     };
                 }
-                BackendMessage::NoticeResponse(n) => tracing::debug!(target: "walbridge::server", "{n}"),
+                BackendMessage::NoticeResponse(n) => {
+                    tracing::debug!(target: "walbridge::server", "{n}")
+                }
                 BackendMessage::ParameterStatus { name, value } => {
                     self.parameters.insert(name, value);
                 }
-                BackendMessage::CopyBothResponse | BackendMessage::CopyOutResponse | BackendMessage::CopyInResponse => {
-                    return Err(ConnectionError::Unexpected(format!("COPY mode after `{sql}`")));
+                BackendMessage::CopyBothResponse
+                | BackendMessage::CopyOutResponse
+                | BackendMessage::CopyInResponse => {
+                    return Err(ConnectionError::Unexpected(format!(
+                        "COPY mode after `{sql}`"
+                    )));
                 }
                 _ => {}
             }
@@ -388,11 +453,17 @@ impl ReplicationConnection {
                             break;
                         }
                     }
-                    return Err(ConnectionError::Server(e));
+                    return Err(ConnectionError::Server(Box::new(e)));
                 }
-                BackendMessage::NoticeResponse(n) => tracing::debug!(target: "walbridge::server", "{n}"),
+                BackendMessage::NoticeResponse(n) => {
+                    tracing::debug!(target: "walbridge::server", "{n}")
+                }
                 BackendMessage::ParameterStatus { .. } => {}
-                other => return Err(ConnectionError::Unexpected(format!("{other:?} after `{command}`"))),
+                other => {
+                    return Err(ConnectionError::Unexpected(format!(
+                        "{other:?} after `{command}`"
+                    )));
+                }
             }
         }
     }
@@ -402,9 +473,15 @@ impl ReplicationConnection {
         loop {
             match self.recv().await? {
                 BackendMessage::CopyData(data) => return Ok(CopyMessage::Data(data)),
-                BackendMessage::CopyDone | BackendMessage::CommandComplete(_) => return Ok(CopyMessage::Done),
-                BackendMessage::ErrorResponse(e) => return Err(ConnectionError::Server(e)),
-                BackendMessage::NoticeResponse(n) => tracing::debug!(target: "walbridge::server", "{n}"),
+                BackendMessage::CopyDone | BackendMessage::CommandComplete(_) => {
+                    return Ok(CopyMessage::Done);
+                }
+                BackendMessage::ErrorResponse(e) => {
+                    return Err(ConnectionError::Server(Box::new(e)));
+                }
+                BackendMessage::NoticeResponse(n) => {
+                    tracing::debug!(target: "walbridge::server", "{n}")
+                }
                 _ => {}
             }
         }
@@ -445,7 +522,12 @@ impl ReplicationConnection {
 /// detail and hint, or the client-side cause.
 pub fn describe_pg_error(e: &tokio_postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
-        let mut text = format!("{}: {} (SQLSTATE {})", db.severity(), db.message(), db.code().code());
+        let mut text = format!(
+            "{}: {} (SQLSTATE {})",
+            db.severity(),
+            db.message(),
+            db.code().code()
+        );
         if let Some(d) = db.detail() {
             text.push_str(&format!("; detail: {d}"));
         }
@@ -462,7 +544,10 @@ pub fn describe_pg_error(e: &tokio_postgres::Error) -> String {
 
 /// `15.4 (Debian 15.4-1)` → 150004; `9.6.24` → 90624; `17beta1` → 170000.
 pub fn parse_server_version(text: &str) -> u32 {
-    let numeric: String = text.chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+    let numeric: String = text
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
     let mut parts = numeric.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
     let major = parts.next().unwrap_or(0);
     if major >= 10 {
@@ -475,7 +560,10 @@ pub fn parse_server_version(text: &str) -> u32 {
 /// Opens an ordinary SQL connection with the same parameters, TLS and
 /// session settings, for catalog queries and snapshot COPY. The connection
 /// task is spawned on the current runtime.
-pub async fn connect_sql(params: &ConnParams, application_name: &str) -> Result<tokio_postgres::Client, ConnectionError> {
+pub async fn connect_sql(
+    params: &ConnParams,
+    application_name: &str,
+) -> Result<tokio_postgres::Client, ConnectionError> {
     let tls = TlsSettings::new(params)?;
     let mut last_error = None;
     for host in &params.hosts {
@@ -488,15 +576,22 @@ pub async fn connect_sql(params: &ConnParams, application_name: &str) -> Result<
             .port(params.port)
             .user(&params.user)
             .dbname(&params.dbname)
-            .application_name(params.application_name.as_deref().unwrap_or(application_name));
+            .application_name(
+                params
+                    .application_name
+                    .as_deref()
+                    .unwrap_or(application_name),
+            );
         if let Some(p) = &params.password {
             config.password(p);
         }
         if let Some(t) = params.connect_timeout {
             config.connect_timeout(t);
         }
-        let mut options: Vec<String> =
-            SESSION_SETTINGS.iter().map(|(k, v)| format!("-c {k}={v}")).collect();
+        let mut options: Vec<String> = SESSION_SETTINGS
+            .iter()
+            .map(|(k, v)| format!("-c {k}={v}"))
+            .collect();
         options.extend(params.options.clone());
         config.options(options.join(" "));
         let result = match &tls {
@@ -506,25 +601,31 @@ pub async fn connect_sql(params: &ConnParams, application_name: &str) -> Result<
                 } else {
                     tokio_postgres::config::SslMode::Prefer
                 });
-                config.connect(PgTls(settings.clone())).await.map(|(client, conn)| {
-                    tokio::spawn(async move {
-                        if let Err(e) = conn.await {
-                            tracing::debug!("SQL connection ended: {e}");
-                        }
-                    });
-                    client
-                })
+                config
+                    .connect(PgTls(settings.clone()))
+                    .await
+                    .map(|(client, conn)| {
+                        tokio::spawn(async move {
+                            if let Err(e) = conn.await {
+                                tracing::debug!("SQL connection ended: {e}");
+                            }
+                        });
+                        client
+                    })
             }
             None => {
                 config.ssl_mode(tokio_postgres::config::SslMode::Disable);
-                config.connect(tokio_postgres::NoTls).await.map(|(client, conn)| {
-                    tokio::spawn(async move {
-                        if let Err(e) = conn.await {
-                            tracing::debug!("SQL connection ended: {e}");
-                        }
-                    });
-                    client
-                })
+                config
+                    .connect(tokio_postgres::NoTls)
+                    .await
+                    .map(|(client, conn)| {
+                        tokio::spawn(async move {
+                            if let Err(e) = conn.await {
+                                tracing::debug!("SQL connection ended: {e}");
+                            }
+                        });
+                        client
+                    })
             }
         };
         match result {
@@ -542,7 +643,10 @@ mod tests {
 
     #[test]
     fn parses_versions() {
-        assert_eq!(parse_server_version("15.4 (Debian 15.4-1.pgdg120+1)"), 150004);
+        assert_eq!(
+            parse_server_version("15.4 (Debian 15.4-1.pgdg120+1)"),
+            150004
+        );
         assert_eq!(parse_server_version("17beta1"), 170000);
         assert_eq!(parse_server_version("9.6.24"), 90624);
         assert_eq!(parse_server_version("18.4"), 180004);

@@ -106,7 +106,11 @@ mod tests {
         k.put_u8(1);
         assert_eq!(
             ServerMessage::parse(k.freeze()),
-            Ok(ServerMessage::Keepalive { wal_end: Lsn(0x1_0000_0010), send_time: PgTimestamp(5), reply_requested: true })
+            Ok(ServerMessage::Keepalive {
+                wal_end: Lsn(0x1_0000_0010),
+                send_time: PgTimestamp(5),
+                reply_requested: true
+            })
         );
         let mut w = BytesMut::new();
         w.put_u8(b'w');
@@ -114,15 +118,26 @@ mod tests {
         w.put_u64(2);
         w.put_i64(3);
         w.put_slice(b"E");
-        let Ok(ServerMessage::XLogData { data, .. }) = ServerMessage::parse(w.freeze()) else { panic!("not xlogdata") };
+        let Ok(ServerMessage::XLogData { data, .. }) = ServerMessage::parse(w.freeze()) else {
+            panic!("not xlogdata")
+        };
         assert_eq!(&data[..], b"E");
         assert!(ServerMessage::parse(Bytes::from_static(b"k\0")).is_err());
-        assert_eq!(ServerMessage::parse(Bytes::from_static(b"q")), Err(CopyBothError::UnknownKind(b'q')));
+        assert_eq!(
+            ServerMessage::parse(Bytes::from_static(b"q")),
+            Err(CopyBothError::UnknownKind(b'q'))
+        );
     }
 
     #[test]
     fn encodes_status_update() {
-        let s = StatusUpdate { write: Lsn(1), flush: Lsn(2), apply: Lsn(3), time: PgTimestamp(4), reply_requested: false };
+        let s = StatusUpdate {
+            write: Lsn(1),
+            flush: Lsn(2),
+            apply: Lsn(3),
+            time: PgTimestamp(4),
+            reply_requested: false,
+        };
         let b = s.encode();
         assert_eq!(b.len(), 34);
         assert_eq!(b[0], b'r');

@@ -7,5 +7,8 @@ pub mod copyboth;
 pub mod params;
 pub mod tls;
 
-pub use connection::{ConnectionError, CopyMessage, QueryResult, ReplicationConnection, connect_sql, describe_pg_error};
+pub use connection::{
+    ConnectionError, CopyMessage, QueryResult, ReplicationConnection, connect_sql,
+    describe_pg_error,
+};
 pub use params::{ConnParams, Host, ParamsError, SslMode};

@@ -57,7 +57,9 @@ pub enum Host {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ParamsError {
     /// A parameter walbridge does not know.
-    #[error("unknown connection parameter `{0}` (known: host, hostaddr, port, dbname, user, password, sslmode, sslrootcert, sslcert, sslkey, application_name, connect_timeout, options)")]
+    #[error(
+        "unknown connection parameter `{0}` (known: host, hostaddr, port, dbname, user, password, sslmode, sslrootcert, sslcert, sslkey, application_name, connect_timeout, options)"
+    )]
     UnknownKey(String),
     /// A parameter with a bad value.
     #[error("connection parameter `{key}` has invalid value `{value}`: expected {expected}")]
@@ -122,19 +124,30 @@ impl ConnParams {
         let mut get = std::collections::HashMap::new();
         for (key, value) in pairs {
             match key.as_str() {
-                "host" | "hostaddr" | "port" | "dbname" | "user" | "password" | "sslmode" | "sslrootcert"
-                | "sslcert" | "sslkey" | "application_name" | "connect_timeout" | "options" => {
+                "host" | "hostaddr" | "port" | "dbname" | "user" | "password" | "sslmode"
+                | "sslrootcert" | "sslcert" | "sslkey" | "application_name" | "connect_timeout"
+                | "options" => {
                     get.insert(key, value);
                 }
                 _ => return Err(ParamsError::UnknownKey(key)),
             }
         }
-        let mut value = |key: &str, var: &str| get.remove(key).or_else(|| env(var)).filter(|v| !v.is_empty());
+        let mut value = |key: &str, var: &str| {
+            get.remove(key)
+                .or_else(|| env(var))
+                .filter(|v| !v.is_empty())
+        };
         let host_text = value("hostaddr", "PGHOSTADDR").or_else(|| value("host", "PGHOST"));
         let hosts = match host_text {
             Some(h) => h
                 .split(',')
-                .map(|h| if h.starts_with('/') { Host::Unix(PathBuf::from(h)) } else { Host::Tcp(h.to_owned()) })
+                .map(|h| {
+                    if h.starts_with('/') {
+                        Host::Unix(PathBuf::from(h))
+                    } else {
+                        Host::Tcp(h.to_owned())
+                    }
+                })
                 .collect(),
             None => vec![default_socket_dir()],
         };
@@ -194,7 +207,11 @@ impl ConnParams {
 
 fn default_socket_dir() -> Host {
     let debian = PathBuf::from("/var/run/postgresql");
-    Host::Unix(if debian.is_dir() { debian } else { PathBuf::from("/tmp") })
+    Host::Unix(if debian.is_dir() {
+        debian
+    } else {
+        PathBuf::from("/tmp")
+    })
 }
 
 fn parse_key_values(text: &str) -> Result<Vec<(String, String)>, ParamsError> {
@@ -220,11 +237,19 @@ fn parse_key_values(text: &str) -> Result<Vec<(String, String)>, ParamsError> {
                 match chars.next() {
                     Some('\\') => match chars.next() {
                         Some(c) => value.push(c),
-                        None => return Err(ParamsError::Syntax(format!("unterminated quoted value for `{key}`"))),
+                        None => {
+                            return Err(ParamsError::Syntax(format!(
+                                "unterminated quoted value for `{key}`"
+                            )));
+                        }
                     },
                     Some('\'') => break,
                     Some(c) => value.push(c),
-                    None => return Err(ParamsError::Syntax(format!("unterminated quoted value for `{key}`"))),
+                    None => {
+                        return Err(ParamsError::Syntax(format!(
+                            "unterminated quoted value for `{key}`"
+                        )));
+                    }
                 }
             }
         } else {
@@ -259,7 +284,8 @@ fn percent_decode(s: &str) -> Result<String, ParamsError> {
             i += 1;
         }
     }
-    String::from_utf8(out).map_err(|_| ParamsError::Syntax(format!("`{s}` is not UTF-8 after decoding")))
+    String::from_utf8(out)
+        .map_err(|_| ParamsError::Syntax(format!("`{s}` is not UTF-8 after decoding")))
 }
 
 fn parse_url(text: &str) -> Result<Vec<(String, String)>, ParamsError> {
@@ -285,7 +311,9 @@ fn parse_url(text: &str) -> Result<Vec<(String, String)>, ParamsError> {
         let mut port = None;
         for hp in hostport.split(',') {
             let (host, p) = if let Some(v6) = hp.strip_prefix('[') {
-                let (h, after) = v6.split_once(']').ok_or_else(|| ParamsError::Syntax(format!("unclosed `[` in `{hp}`")))?;
+                let (h, after) = v6
+                    .split_once(']')
+                    .ok_or_else(|| ParamsError::Syntax(format!("unclosed `[` in `{hp}`")))?;
                 (h.to_owned(), after.strip_prefix(':'))
             } else {
                 match hp.rsplit_once(':') {
@@ -311,7 +339,9 @@ fn parse_url(text: &str) -> Result<Vec<(String, String)>, ParamsError> {
         out.push(("dbname".into(), percent_decode(path)?));
     }
     for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').ok_or_else(|| ParamsError::Syntax(format!("query parameter `{pair}` has no `=`")))?;
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| ParamsError::Syntax(format!("query parameter `{pair}` has no `=`")))?;
         out.push((percent_decode(k)?, percent_decode(v)?));
     }
     Ok(out)
@@ -322,7 +352,11 @@ mod tests {
     use super::*;
 
     fn parse(text: &str) -> Result<ConnParams, ParamsError> {
-        let pairs = if text.starts_with("postgres") { parse_url(text)? } else { parse_key_values(text)? };
+        let pairs = if text.starts_with("postgres") {
+            parse_url(text)?
+        } else {
+            parse_key_values(text)?
+        };
         ConnParams::from_pairs(pairs, |_| None)
     }
 
@@ -340,8 +374,10 @@ mod tests {
 
     #[test]
     fn url_form() {
-        let p = parse("postgresql://wal%40b:s%3Acret@[::1]:6000/my%20db?sslmode=require&application_name=x")
-            .unwrap_or_else(|e| panic!("{e}"));
+        let p = parse(
+            "postgresql://wal%40b:s%3Acret@[::1]:6000/my%20db?sslmode=require&application_name=x",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(p.user, "wal@b");
         assert_eq!(p.password.as_deref(), Some("s:cret"));
         assert_eq!(p.hosts, vec![Host::Tcp("::1".into())]);
@@ -363,9 +399,16 @@ mod tests {
     #[test]
     fn errors_name_the_key() {
         assert_eq!(parse("hots=x"), Err(ParamsError::UnknownKey("hots".into())));
-        assert!(matches!(parse("sslmode=maybe"), Err(ParamsError::InvalidValue { key, .. }) if key == "sslmode"));
-        assert!(matches!(parse("port=http"), Err(ParamsError::InvalidValue { key, .. }) if key == "port"));
+        assert!(
+            matches!(parse("sslmode=maybe"), Err(ParamsError::InvalidValue { key, .. }) if key == "sslmode")
+        );
+        assert!(
+            matches!(parse("port=http"), Err(ParamsError::InvalidValue { key, .. }) if key == "port")
+        );
         assert!(matches!(parse("host"), Err(ParamsError::Syntax(_))));
-        assert!(matches!(parse("password='open"), Err(ParamsError::Syntax(_))));
+        assert!(matches!(
+            parse("password='open"),
+            Err(ParamsError::Syntax(_))
+        ));
     }
 }

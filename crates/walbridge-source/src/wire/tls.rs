@@ -36,7 +36,9 @@ pub enum TlsError {
         reason: String,
     },
     /// `verify-ca` / `verify-full` without a root certificate.
-    #[error("sslmode={0} needs a root certificate: set sslrootcert=/path/to/ca.pem in the connection string (or place it at ~/.postgresql/root.crt)")]
+    #[error(
+        "sslmode={0} needs a root certificate: set sslrootcert=/path/to/ca.pem in the connection string (or place it at ~/.postgresql/root.crt)"
+    )]
     NoRootCertificate(&'static str),
     /// rustls rejected the configuration.
     #[error("TLS configuration rejected: {0}")]
@@ -55,7 +57,9 @@ pub struct TlsSettings {
 
 impl std::fmt::Debug for TlsSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TlsSettings").field("mode", &self.mode).finish_non_exhaustive()
+        f.debug_struct("TlsSettings")
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
     }
 }
 
@@ -93,14 +97,23 @@ impl TlsSettings {
                     reason: e.to_string(),
                 })?;
             }
-            let verifier = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-                .build()
-                .map_err(|e| TlsError::File { what: "root certificate", path, reason: e.to_string() })?;
+            let verifier =
+                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                    .build()
+                    .map_err(|e| TlsError::File {
+                        what: "root certificate",
+                        path,
+                        reason: e.to_string(),
+                    })?;
             Some(verifier)
         } else {
             None
         };
-        let verifier = Arc::new(PgVerifier { chain, check_host: mode == SslMode::VerifyFull, provider: provider.clone() });
+        let verifier = Arc::new(PgVerifier {
+            chain,
+            check_host: mode == SslMode::VerifyFull,
+            provider: provider.clone(),
+        });
         let builder = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
             .dangerous()
@@ -117,7 +130,10 @@ impl TlsSettings {
             }
             _ => builder.with_no_client_auth(),
         };
-        Ok(Some(TlsSettings { config: Arc::new(config), mode }))
+        Ok(Some(TlsSettings {
+            config: Arc::new(config),
+            mode,
+        }))
     }
 
     /// True when a server that refuses TLS must be refused in turn.
@@ -126,22 +142,40 @@ impl TlsSettings {
     }
 
     /// Wraps `stream` in TLS for `host`.
-    pub async fn connect<S>(&self, host: &str, stream: S) -> Result<tokio_rustls::client::TlsStream<S>, std::io::Error>
+    pub async fn connect<S>(
+        &self,
+        host: &str,
+        stream: S,
+    ) -> Result<tokio_rustls::client::TlsStream<S>, std::io::Error>
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
-        let name = ServerName::try_from(host.to_owned())
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, TlsError::ServerName(host.to_owned())))?;
-        tokio_rustls::TlsConnector::from(self.config.clone()).connect(name, stream).await
+        let name = ServerName::try_from(host.to_owned()).map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                TlsError::ServerName(host.to_owned()),
+            )
+        })?;
+        tokio_rustls::TlsConnector::from(self.config.clone())
+            .connect(name, stream)
+            .await
     }
 }
 
 fn read_certs(path: &Path, what: &'static str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| TlsError::File { what, path: path.to_owned(), reason: e.to_string() })?;
+        .map_err(|e| TlsError::File {
+            what,
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
     if certs.is_empty() {
-        return Err(TlsError::File { what, path: path.to_owned(), reason: "no PEM certificate in the file".into() });
+        return Err(TlsError::File {
+            what,
+            path: path.to_owned(),
+            reason: "no PEM certificate in the file".into(),
+        });
     }
     Ok(certs)
 }
@@ -169,11 +203,9 @@ impl ServerCertVerifier for PgVerifier {
         };
         match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
             Err(rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName))
-            | Err(rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForNameContext { .. }))
-                if !self.check_host =>
-            {
-                Ok(ServerCertVerified::assertion())
-            }
+            | Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::NotValidForNameContext { .. },
+            )) if !self.check_host => Ok(ServerCertVerified::assertion()),
             other => other,
         }
     }
@@ -184,7 +216,12 @@ impl ServerCertVerifier for PgVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -193,11 +230,18 @@ impl ServerCertVerifier for PgVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
@@ -215,7 +259,10 @@ where
     type Error = std::io::Error;
 
     fn make_tls_connect(&mut self, domain: &str) -> Result<PgTlsConnect, std::io::Error> {
-        Ok(PgTlsConnect { settings: self.0.clone(), host: domain.to_owned() })
+        Ok(PgTlsConnect {
+            settings: self.0.clone(),
+            host: domain.to_owned(),
+        })
     }
 }
 
@@ -234,7 +281,12 @@ where
     type Future = Pin<Box<dyn Future<Output = Result<PgTlsStream<S>, std::io::Error>> + Send>>;
 
     fn connect(self, stream: S) -> Self::Future {
-        Box::pin(async move { self.settings.connect(&self.host, stream).await.map(PgTlsStream) })
+        Box::pin(async move {
+            self.settings
+                .connect(&self.host, stream)
+                .await
+                .map(PgTlsStream)
+        })
     }
 }
 
@@ -248,13 +300,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin> tokio_postgres::tls::TlsStream for PgTls
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for PgTlsStream<S> {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
     }
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for PgTlsStream<S> {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
     }
 

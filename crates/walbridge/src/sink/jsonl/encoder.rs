@@ -14,7 +14,9 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Map, Value, json};
 use walbridge_core::json::datum_to_json;
-use walbridge_core::{Change, Datum, LogicalMessage, Lsn, OldRowKind, PgTimestamp, Relation, Row, TransactionInfo};
+use walbridge_core::{
+    Change, Datum, LogicalMessage, Lsn, OldRowKind, PgTimestamp, Relation, Row, TransactionInfo,
+};
 
 /// Writes change lines for one sink.
 #[derive(Debug)]
@@ -35,7 +37,9 @@ pub struct Position<'a> {
 impl Encoder {
     /// An encoder writing `placeholder` for unchanged TOASTed values.
     pub fn new(placeholder: &str) -> Self {
-        Encoder { placeholder: Value::String(placeholder.to_owned()) }
+        Encoder {
+            placeholder: Value::String(placeholder.to_owned()),
+        }
     }
 
     fn row(&self, relation: &Relation, row: &Row, only_keys: bool) -> Value {
@@ -44,15 +48,32 @@ impl Encoder {
             if only_keys && !column.is_key {
                 continue;
             }
-            map.insert(column.name.clone(), datum_to_json(datum, &column.kind, &self.placeholder));
+            map.insert(
+                column.name.clone(),
+                datum_to_json(datum, &column.kind, &self.placeholder),
+            );
         }
         Value::Object(map)
     }
 
-    fn source(&self, at: &Position<'_>, relation: Option<&Relation>, lsn: Lsn, snapshot: bool) -> Value {
+    fn source(
+        &self,
+        at: &Position<'_>,
+        relation: Option<&Relation>,
+        lsn: Lsn,
+        snapshot: bool,
+    ) -> Value {
         let (commit_lsn, xid, ts_us) = match at.transaction {
-            Some(t) => (Value::String(t.commit_lsn.to_string()), json!(t.xid), json!(t.commit_time.unix_micros())),
-            None => (Value::Null, Value::Null, json!(PgTimestamp::now().unix_micros())),
+            Some(t) => (
+                Value::String(t.commit_lsn.to_string()),
+                json!(t.xid),
+                json!(t.commit_time.unix_micros()),
+            ),
+            None => (
+                Value::Null,
+                Value::Null,
+                json!(PgTimestamp::now().unix_micros()),
+            ),
         };
         let mut source = json!({
             "name": at.source,
@@ -77,7 +98,14 @@ impl Encoder {
     }
 
     /// Appends the line for a snapshot row.
-    pub fn snapshot_row(&self, out: &mut Vec<u8>, at: &Position<'_>, relation: &Relation, row: &Row, consistent_point: Lsn) {
+    pub fn snapshot_row(
+        &self,
+        out: &mut Vec<u8>,
+        at: &Position<'_>,
+        relation: &Relation,
+        row: &Row,
+        consistent_point: Lsn,
+    ) {
         let line = json!({
             "op": "r",
             "source": self.source(at, Some(relation), consistent_point, true),
@@ -106,7 +134,12 @@ impl Encoder {
                 "before": Value::Null,
                 "after": self.row(relation, new, false),
             }),
-            Change::Update { lsn, relation, old, new } => json!({
+            Change::Update {
+                lsn,
+                relation,
+                old,
+                new,
+            } => json!({
                 "op": "u",
                 "source": self.source(at, Some(relation), *lsn, false),
                 "before": old.as_ref().map_or(Value::Null, |o| self.row(relation, &o.row, o.kind == OldRowKind::Key)),
@@ -137,10 +170,16 @@ impl Encoder {
 /// new row leaves out: use them instead of the placeholder.
 fn merge_unchanged(new: &Row, old: Option<&Row>) -> Row {
     match old {
-        Some(old) if new.iter().any(|d| *d == Datum::UnchangedToast) => new
+        Some(old) if new.contains(&Datum::UnchangedToast) => new
             .iter()
             .zip(old)
-            .map(|(n, o)| if *n == Datum::UnchangedToast && *o != Datum::UnchangedToast { o.clone() } else { n.clone() })
+            .map(|(n, o)| {
+                if *n == Datum::UnchangedToast && *o != Datum::UnchangedToast {
+                    o.clone()
+                } else {
+                    n.clone()
+                }
+            })
             .collect(),
         _ => new.clone(),
     }
@@ -169,7 +208,10 @@ mod tests {
             schema: "public".into(),
             name: "t".into(),
             replica_identity: ReplicaIdentity::Default,
-            columns: vec![column("id", ValueKind::Int4, true), column("doc", ValueKind::Text, false)],
+            columns: vec![
+                column("id", ValueKind::Int4, true),
+                column("doc", ValueKind::Text, false),
+            ],
         })
     }
 
@@ -188,11 +230,18 @@ mod tests {
             origin: None,
             gid: None,
         };
-        let at = Position { source: "s", database: "d", transaction: Some(&info) };
+        let at = Position {
+            source: "s",
+            database: "d",
+            transaction: Some(&info),
+        };
         let change = Change::Update {
             lsn: Lsn(5),
             relation: relation(),
-            old: Some(OldRow { kind: OldRowKind::Key, row: vec![text("1"), Datum::Null] }),
+            old: Some(OldRow {
+                kind: OldRowKind::Key,
+                row: vec![text("1"), Datum::Null],
+            }),
             new: vec![text("2"), Datum::UnchangedToast],
         };
         let mut out = Vec::new();

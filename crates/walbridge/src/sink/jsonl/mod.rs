@@ -75,7 +75,8 @@ pub struct JsonlSink {
 impl JsonlSink {
     /// Opens the output (the health check: a path that cannot be opened fails here).
     pub fn open(config: JsonlSinkConfig) -> anyhow::Result<Self> {
-        let output = Output::open(&config.path).with_context(|| format!("sink `{}`", config.name))?;
+        let output =
+            Output::open(&config.path).with_context(|| format!("sink `{}`", config.name))?;
         Ok(JsonlSink { config, output })
     }
 
@@ -90,17 +91,25 @@ impl JsonlSink {
             while let Some(routed) = next.take() {
                 // The context lives as long as the map holds it, so its address is a stable key.
                 let key = Arc::as_ptr(&routed.source) as usize;
-                let (source, cursor) = cursors.entry(key).or_insert_with(|| (routed.source.clone(), SourceCursor::default()));
+                let (source, cursor) = cursors
+                    .entry(key)
+                    .or_insert_with(|| (routed.source.clone(), SourceCursor::default()));
                 write_event(&encoder, &mut buffer, source, cursor, routed.event);
                 if buffer.len() >= WRITE_CHUNK {
-                    self.output.write_all(&buffer).with_context(|| format!("sink `{name}`: write failed"))?;
+                    self.output
+                        .write_all(&buffer)
+                        .with_context(|| format!("sink `{name}`: write failed"))?;
                     buffer.clear();
                 }
                 next = events.try_recv().ok();
             }
-            self.output.write_all(&buffer).with_context(|| format!("sink `{name}`: write failed"))?;
+            self.output
+                .write_all(&buffer)
+                .with_context(|| format!("sink `{name}`: write failed"))?;
             buffer.clear();
-            self.output.make_durable().with_context(|| format!("sink `{name}`: flush failed"))?;
+            self.output
+                .make_durable()
+                .with_context(|| format!("sink `{name}`: flush failed"))?;
             for (source, cursor) in cursors.values() {
                 source.flushed.send_if_modified(|acked| {
                     let advance = cursor.written > *acked;
@@ -115,18 +124,34 @@ impl JsonlSink {
     }
 }
 
-fn write_event(encoder: &Encoder, out: &mut Vec<u8>, source: &SourceContext, cursor: &mut SourceCursor, event: SourceEvent) {
+fn write_event(
+    encoder: &Encoder,
+    out: &mut Vec<u8>,
+    source: &SourceContext,
+    cursor: &mut SourceCursor,
+    event: SourceEvent,
+) {
     match event {
         SourceEvent::Snapshot(batch) => {
-            let at = Position { source: &source.name, database: &source.database, transaction: None };
+            let at = Position {
+                source: &source.name,
+                database: &source.database,
+                transaction: None,
+            };
             for row in &batch.rows {
                 encoder.snapshot_row(out, &at, &batch.relation, row, batch.consistent_point);
             }
         }
-        SourceEvent::SnapshotComplete { consistent_point } => cursor.written = cursor.written.max(consistent_point),
+        SourceEvent::SnapshotComplete { consistent_point } => {
+            cursor.written = cursor.written.max(consistent_point)
+        }
         SourceEvent::Begin(info) => cursor.transaction = Some(info),
         SourceEvent::Change(change) => {
-            let at = Position { source: &source.name, database: &source.database, transaction: cursor.transaction.as_deref() };
+            let at = Position {
+                source: &source.name,
+                database: &source.database,
+                transaction: cursor.transaction.as_deref(),
+            };
             encoder.change(out, &at, &change);
         }
         SourceEvent::Commit(info) => {
@@ -134,7 +159,11 @@ fn write_event(encoder: &Encoder, out: &mut Vec<u8>, source: &SourceContext, cur
             cursor.transaction = None;
         }
         SourceEvent::Message(m) => {
-            let at = Position { source: &source.name, database: &source.database, transaction: None };
+            let at = Position {
+                source: &source.name,
+                database: &source.database,
+                transaction: None,
+            };
             encoder.message(out, &at, &m);
         }
     }

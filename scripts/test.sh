@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The whole test suite, against real PostgreSQL servers: unit and property
+# tests, then the integration and end-to-end tests on the system's
+# PostgreSQL and again on PostgreSQL 17 (fetched by scripts/fetch-postgres.sh).
+#
+#   scripts/test.sh              # everything
+#   PG_VERSIONS="17 18" scripts/test.sh   # integration tests on other majors too
+#
+# Installs what is missing (nextest, psql, openssl) and is safe to rerun.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v psql >/dev/null || need_apt+=(postgresql-client)
+command -v openssl >/dev/null || need_apt+=(openssl)
+command -v runuser >/dev/null || need_apt+=(util-linux)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
+fi
+if ! cargo nextest --version >/dev/null 2>&1; then
+  cargo install --locked cargo-nextest
+fi
+command -v initdb >/dev/null || { echo "test.sh: initdb is not on PATH: install the PostgreSQL server binaries" >&2; exit 2; }
+if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
+  useradd --system --no-create-home postgres
+fi
+
+versions="${PG_VERSIONS:-17}"
+# shellcheck disable=SC2086
+scripts/fetch-postgres.sh $versions
+
+cargo build --workspace --all-targets --locked
+echo "== tests on PostgreSQL $(postgres --version | awk '{print $3}') (system)"
+cargo nextest run --workspace --locked --no-fail-fast
+for v in $versions; do
+  echo "== integration tests on PostgreSQL $v"
+  WALBRIDGE_PG_VERSION=$v cargo nextest run --workspace --locked --no-fail-fast -E 'kind(test)'
+done

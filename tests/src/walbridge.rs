@@ -1,0 +1,240 @@
+//! Running the `walbridge` binary from tests.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::Cluster;
+
+/// The walbridge binary, built once per test process.
+pub fn binary() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+        let status = Command::new(cargo)
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "walbridge",
+                "--bin",
+                "walbridge",
+                "--manifest-path",
+            ])
+            .arg(&manifest)
+            .env("CARGO_TARGET_DIR", crate::target_dir())
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run cargo build: {e}"));
+        assert!(status.success(), "cargo build -p walbridge failed");
+        crate::target_dir().join("debug/walbridge")
+    })
+    .clone()
+}
+
+/// A working directory for one walbridge deployment: its configuration,
+/// `data_dir` and JSON-lines output file. Survives restarts of the process.
+pub struct Deployment {
+    dir: tempfile::TempDir,
+}
+
+impl Default for Deployment {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Deployment {
+    /// A fresh, empty deployment directory.
+    pub fn new() -> Self {
+        Deployment {
+            dir: tempfile::Builder::new()
+                .prefix("walbridge-e2e-")
+                .tempdir()
+                .unwrap_or_else(|e| panic!("tempdir: {e}")),
+        }
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The configuration file.
+    pub fn config_path(&self) -> PathBuf {
+        self.path().join("walbridge.toml")
+    }
+
+    /// The jsonl output file.
+    pub fn output_path(&self) -> PathBuf {
+        self.path().join("out.jsonl")
+    }
+
+    /// Writes a configuration with one source `src` reading `publication`
+    /// from `dbname` on `cluster`, extra source keys `source_extra`, and a
+    /// jsonl sink writing to [`Deployment::output_path`].
+    pub fn configure(
+        &self,
+        cluster: &Cluster,
+        dbname: &str,
+        publication: &str,
+        source_extra: &str,
+    ) {
+        self.configure_connection(
+            &cluster.connstr("postgres", dbname),
+            publication,
+            source_extra,
+        );
+    }
+
+    /// As [`Deployment::configure`], with an explicit connection string.
+    pub fn configure_connection(&self, connection: &str, publication: &str, source_extra: &str) {
+        let text = format!(
+            "data_dir = \"{data}\"\n\n[[source]]\nname = \"src\"\nconnection = \"{connection}\"\npublications = [\"{publication}\"]\n{source_extra}\n\n[[sink]]\nname = \"out\"\ntype = \"jsonl\"\npath = \"{out}\"\n",
+            data = self.path().join("data").display(),
+            out = self.output_path().display(),
+        );
+        self.write_config(&text);
+    }
+
+    /// Writes the configuration file verbatim.
+    pub fn write_config(&self, text: &str) {
+        std::fs::write(self.config_path(), text).unwrap_or_else(|e| panic!("write config: {e}"));
+    }
+
+    /// Starts `walbridge run`.
+    pub fn start(&self) -> Running {
+        let stderr = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(self.path().join("stderr.log"))
+            .unwrap_or_else(|e| panic!("stderr log: {e}"));
+        let child = Command::new(binary())
+            .args(["run", "-c"])
+            .arg(self.config_path())
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start walbridge: {e}"));
+        Running { child: Some(child) }
+    }
+
+    /// Runs a walbridge subcommand (`check`, `drop`, …) against the configuration.
+    pub fn command(&self, args: &[&str]) -> Output {
+        let mut full = vec![args[0], "-c"];
+        let config = self.config_path();
+        let config = config.to_string_lossy().into_owned();
+        full.push(&config);
+        full.extend(&args[1..]);
+        Command::new(binary())
+            .args(&full)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run walbridge: {e}"))
+    }
+
+    /// walbridge's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.path().join("stderr.log")).unwrap_or_default()
+    }
+
+    /// Every complete output line, parsed.
+    pub fn lines(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(self.output_path()).unwrap_or_default();
+        text.lines()
+            .filter(|l| !l.is_empty())
+            .map(|l| {
+                serde_json::from_str(l)
+                    .unwrap_or_else(|e| panic!("output line is not JSON ({e}): {l}"))
+            })
+            .collect()
+    }
+
+    /// Waits until at least `n` lines were written, or panics with the log after `timeout`.
+    pub fn wait_for_lines(&self, n: usize, timeout: Duration) -> Vec<Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let lines = self.lines();
+            if lines.len() >= n {
+                return lines;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "expected {n} output lines, got {} after {timeout:?}; walbridge log:\n{}",
+                lines.len(),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A running `walbridge run` process; killed (SIGKILL) when dropped.
+pub struct Running {
+    child: Option<Child>,
+}
+
+impl Running {
+    fn signal(&self, signal: i32) {
+        if let Some(child) = &self.child {
+            // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+            unsafe {
+                libc::kill(child.id() as i32, signal);
+            }
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit status (panics after `timeout`).
+    pub fn stop(mut self, timeout: Duration) -> ExitStatus {
+        self.signal(libc::SIGTERM);
+        self.wait(timeout)
+    }
+
+    /// Kills the process with SIGKILL, as a crash would.
+    pub fn kill(mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Waits for the process to exit by itself.
+    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        let Some(child) = self.child.as_mut() else {
+            panic!("process already reaped")
+        };
+        loop {
+            if let Some(status) = child.try_wait().unwrap_or_else(|e| panic!("wait: {e}")) {
+                self.child = None;
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("walbridge did not exit within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// True while the process runs.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
