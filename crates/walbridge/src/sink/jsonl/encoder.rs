@@ -143,7 +143,7 @@ impl Encoder {
                 "op": "u",
                 "source": self.source(at, Some(relation), *lsn, false),
                 "before": old.as_ref().map_or(Value::Null, |o| self.row(relation, &o.row, o.kind == OldRowKind::Key)),
-                "after": self.row(relation, &merge_unchanged(new, old.as_ref().map(|o| &o.row)), false),
+                "after": self.row(relation, &merge_unchanged(new, old.as_ref().filter(|o| o.kind == OldRowKind::Full).map(|o| &o.row)), false),
             }),
             Change::Delete { lsn, relation, old } => json!({
                 "op": "d",
