@@ -1,0 +1,233 @@
+//! The replication connection and SQL connections against real servers:
+//! TCP and Unix sockets, every password method, every sslmode.
+
+use walbridge_source::wire::{ConnParams, ConnectionError, ReplicationConnection, connect_sql};
+use walbridge_tests::Cluster;
+
+fn params(text: &str) -> ConnParams {
+    ConnParams::parse(text).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Connects in replication mode and returns whether the session uses TLS.
+async fn replication_ssl(conn_text: &str) -> Result<bool, ConnectionError> {
+    let p = params(conn_text);
+    let mut conn = ReplicationConnection::connect(&p, "walbridge-test").await?;
+    let system = conn.simple_query("IDENTIFY_SYSTEM").await?;
+    assert!(system[0].get(0, "xlogpos").is_some_and(|l| l.contains('/')));
+    let ssl = conn
+        .simple_query("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+        .await?;
+    let on = ssl[0].get(0, "ssl") == Some("t");
+    conn.close().await;
+    Ok(on)
+}
+
+async fn sql_ok(conn_text: &str) -> Result<(), ConnectionError> {
+    let client = connect_sql(&params(conn_text), "walbridge-test").await?;
+    let row = client
+        .query_one("SELECT current_setting('IntervalStyle')", &[])
+        .await?;
+    assert_eq!(
+        row.get::<_, String>(0),
+        "iso_8601",
+        "session settings are applied"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn tcp_and_unix_socket_with_trust() {
+    let pg = Cluster::start();
+    let tcp = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=disable",
+        pg.port()
+    );
+    assert!(
+        !replication_ssl(&tcp)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    );
+    sql_ok(&tcp).await.unwrap_or_else(|e| panic!("{e}"));
+    let unix = format!(
+        "postgresql://postgres@/postgres?host={}&port={}",
+        pg.socket_dir().display(),
+        pg.port()
+    );
+    assert!(
+        !replication_ssl(&unix)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    );
+    sql_ok(&unix).await.unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[tokio::test]
+async fn password_md5_and_scram() {
+    let pg = Cluster::start();
+    pg.psql("SET password_encryption = 'md5'; CREATE ROLE md5_user LOGIN REPLICATION PASSWORD 'md5 secret'");
+    pg.psql("SET password_encryption = 'scram-sha-256'; CREATE ROLE scram_user LOGIN REPLICATION PASSWORD 'scram secret'");
+    pg.psql("CREATE ROLE clear_user LOGIN REPLICATION PASSWORD 'clear secret'");
+    pg.set_hba(&[
+        "local all all trust",
+        "host all md5_user 127.0.0.1/32 md5",
+        "host replication md5_user 127.0.0.1/32 md5",
+        "host all scram_user 127.0.0.1/32 scram-sha-256",
+        "host replication scram_user 127.0.0.1/32 scram-sha-256",
+        "host all clear_user 127.0.0.1/32 password",
+        "host replication clear_user 127.0.0.1/32 password",
+        "host all postgres 127.0.0.1/32 trust",
+    ]);
+    let conn = |user: &str, password: &str| {
+        format!(
+            "host=127.0.0.1 port={} user={user} password='{password}' dbname=postgres sslmode=disable",
+            pg.port()
+        )
+    };
+    for (user, password) in [
+        ("md5_user", "md5 secret"),
+        ("scram_user", "scram secret"),
+        ("clear_user", "clear secret"),
+    ] {
+        replication_ssl(&conn(user, password))
+            .await
+            .unwrap_or_else(|e| panic!("{user}: {e}"));
+        sql_ok(&conn(user, password))
+            .await
+            .unwrap_or_else(|e| panic!("{user}: {e}"));
+        let wrong = replication_ssl(&conn(user, "wrong")).await;
+        assert_eq!(
+            wrong.as_ref().err().and_then(|e| e.sqlstate()),
+            Some("28P01"),
+            "{user}: {wrong:?}"
+        );
+    }
+    let missing = format!(
+        "host=127.0.0.1 port={} user=scram_user dbname=postgres sslmode=disable",
+        pg.port()
+    );
+    assert!(matches!(
+        replication_ssl(&missing).await,
+        Err(ConnectionError::PasswordRequired { .. })
+    ));
+}
+
+#[tokio::test]
+async fn every_sslmode() {
+    let pg = Cluster::builder()
+        .ssl()
+        .hba(&[
+            "local all all trust",
+            "hostssl all all 127.0.0.1/32 trust",
+            "hostssl replication all 127.0.0.1/32 trust",
+        ])
+        .start();
+    let ca = pg.ca_cert();
+    let base = |host: &str, extra: &str| {
+        format!(
+            "host={host} port={} user=postgres dbname=postgres {extra}",
+            pg.port()
+        )
+    };
+    for mode in ["prefer", "require"] {
+        assert!(
+            replication_ssl(&base("127.0.0.1", &format!("sslmode={mode}")))
+                .await
+                .unwrap_or_else(|e| panic!("{mode}: {e}"))
+        );
+        sql_ok(&base("127.0.0.1", &format!("sslmode={mode}")))
+            .await
+            .unwrap_or_else(|e| panic!("{mode}: {e}"));
+    }
+    for (host, mode) in [
+        ("127.0.0.1", "verify-ca"),
+        ("localhost", "verify-full"),
+        ("127.0.0.1", "verify-full"),
+    ] {
+        let text = base(
+            host,
+            &format!("sslmode={mode} sslrootcert={}", ca.display()),
+        );
+        assert!(
+            replication_ssl(&text)
+                .await
+                .unwrap_or_else(|e| panic!("{mode} {host}: {e}"))
+        );
+        sql_ok(&text)
+            .await
+            .unwrap_or_else(|e| panic!("{mode} {host}: {e}"));
+    }
+    // The server certificate names localhost and 127.0.0.1, not 127.0.0.2.
+    let wrong_name = base(
+        "127.0.0.2",
+        &format!("sslmode=verify-full sslrootcert={}", ca.display()),
+    );
+    assert!(matches!(
+        replication_ssl(&wrong_name).await,
+        Err(ConnectionError::Connect { .. } | ConnectionError::TlsHandshake { .. })
+    ));
+    // A root that did not sign the server certificate is refused.
+    let other_ca =
+        std::env::temp_dir().join(format!("walbridge-other-ca-{}.crt", std::process::id()));
+    let status = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=other",
+            "-keyout",
+            "/dev/null",
+            "-out",
+        ])
+        .arg(&other_ca)
+        .output()
+        .unwrap_or_else(|e| panic!("openssl: {e}"));
+    assert!(status.status.success());
+    let untrusted = base(
+        "127.0.0.1",
+        &format!("sslmode=verify-ca sslrootcert={}", other_ca.display()),
+    );
+    assert!(matches!(
+        replication_ssl(&untrusted).await,
+        Err(ConnectionError::TlsHandshake { .. })
+    ));
+    let _ = std::fs::remove_file(&other_ca);
+    // verify-ca needs a root certificate.
+    let no_root = format!("{} sslmode=verify-ca", base("127.0.0.1", ""));
+    assert!(matches!(
+        replication_ssl(&no_root).await,
+        Err(ConnectionError::Tls(_))
+    ));
+    // The server only accepts TLS: disable is rejected by pg_hba.conf.
+    let plain = base("127.0.0.1", "sslmode=disable");
+    assert_eq!(
+        replication_ssl(&plain)
+            .await
+            .err()
+            .and_then(|e| e.sqlstate().map(str::to_owned))
+            .as_deref(),
+        Some("28000")
+    );
+}
+
+#[tokio::test]
+async fn require_against_a_server_without_tls_fails_and_prefer_falls_back() {
+    let pg = Cluster::start();
+    let base = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres",
+        pg.port()
+    );
+    assert!(matches!(
+        replication_ssl(&format!("{base} sslmode=require")).await,
+        Err(ConnectionError::TlsRefused { .. })
+    ));
+    assert!(
+        !replication_ssl(&format!("{base} sslmode=prefer"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    );
+}
