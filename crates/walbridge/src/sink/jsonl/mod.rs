@@ -28,7 +28,10 @@ const WRITE_CHUNK: usize = 1 << 20;
 
 enum Output {
     Stdout(std::io::Stdout),
+    /// A regular file, fsynced to make writes durable.
     File(File),
+    /// A device or pipe (`/dev/null`, a FIFO): nothing to fsync.
+    Stream(File),
 }
 
 impl Output {
@@ -41,13 +44,21 @@ impl Output {
             .append(true)
             .open(path)
             .with_context(|| format!("cannot open {path} for appending"))?;
-        Ok(Output::File(file))
+        let regular = file
+            .metadata()
+            .with_context(|| format!("cannot stat {path}"))?
+            .is_file();
+        Ok(if regular {
+            Output::File(file)
+        } else {
+            Output::Stream(file)
+        })
     }
 
     fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         match self {
             Output::Stdout(s) => s.lock().write_all(bytes),
-            Output::File(f) => f.write_all(bytes),
+            Output::File(f) | Output::Stream(f) => f.write_all(bytes),
         }
     }
 
@@ -55,6 +66,7 @@ impl Output {
         match self {
             Output::Stdout(s) => s.lock().flush(),
             Output::File(f) => f.sync_data(),
+            Output::Stream(f) => f.flush(),
         }
     }
 }

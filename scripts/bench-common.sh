@@ -1,0 +1,74 @@
+# Shared by the benchmark scripts: a throwaway PostgreSQL and a release build.
+# Sourced, not run.
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+work=$(mktemp -d /tmp/walbridge-bench.XXXXXX)
+chmod 755 "$work"
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+as_server() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+[ "$(id -u)" = 0 ] && chown postgres "$work"
+
+bench_cleanup() {
+  [ -n "${wb_pid:-}" ] && kill -9 "$wb_pid" 2>/dev/null || true
+  as_server pg_ctl -D "$work/data" -m immediate -w stop >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap bench_cleanup EXIT
+
+start_postgres() {
+  as_server initdb -D "$work/data" -U postgres -A trust -E UTF8 --locale=C >/dev/null
+  cat >> "$work/data/postgresql.conf" <<CONF
+wal_level = logical
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$work'
+port = $port
+max_wal_size = 8GB
+shared_buffers = 512MB
+synchronous_commit = off
+$*
+CONF
+  as_server pg_ctl -D "$work/data" -l "$work/data/server.log" -w start >/dev/null
+}
+
+psql_db() { local db=$1; shift; psql -X -q -A -t -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d "$db" "$@"; }
+
+build_walbridge() {
+  if [ -z "${WALBRIDGE_BIN:-}" ]; then
+    cargo build --quiet --release -p walbridge --manifest-path "$here/Cargo.toml"
+  fi
+  bin="${WALBRIDGE_BIN:-$here/target/release/walbridge}"
+}
+
+# Runs walbridge on an existing slot until it has confirmed $2; prints the
+# seconds taken and walbridge's peak RSS in kB.
+# Args: slot end_lsn database publication output_path
+walbridge_until() {
+  local slot=$1 end=$2 db=$3 publication=$4 output=$5
+  mkdir -p "$work/wb-$slot"
+  cat > "$work/wb-$slot/config.toml" <<CONF
+data_dir = "$work/wb-$slot/data"
+[[source]]
+name = "bench"
+connection = "host=127.0.0.1 port=$port dbname=$db user=postgres sslmode=disable"
+publications = ["$publication"]
+slot = "$slot"
+create_slot = false
+copy_data = false
+status_interval = 1
+[[sink]]
+name = "out"
+type = "jsonl"
+path = "$output"
+CONF
+  local start; start=$(date +%s.%N)
+  "$bin" run -c "$work/wb-$slot/config.toml" 2>"$work/wb-$slot/stderr.log" &
+  wb_pid=$!
+  until [ "$(psql_db "$db" -c "SELECT confirmed_flush_lsn >= '$end' FROM pg_replication_slots WHERE slot_name = '$slot'")" = t ]; do
+    if ! kill -0 "$wb_pid" 2>/dev/null; then cat "$work/wb-$slot/stderr.log" >&2; return 1; fi
+    sleep 0.02
+  done
+  local finish; finish=$(date +%s.%N)
+  local rss; rss=$(awk '/VmHWM/ {print $2}' "/proc/$wb_pid/status")
+  kill -TERM "$wb_pid"; wait "$wb_pid" || true; wb_pid=
+  python3 -c "print(f'{$finish - $start:.3f} $rss')"
+}
