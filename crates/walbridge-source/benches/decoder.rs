@@ -117,10 +117,10 @@ fn main() {
         let Ok(message) = decoder.decode(m.clone()) else {
             continue;
         };
-        if let Ok(Assembled::Committed(txn)) = assembler.push(Lsn(1), message) {
-            if let Ok(iter) = txn.changes.into_changes() {
-                changes += iter.count();
-            }
+        if let Ok(Assembled::Committed(txn)) = assembler.push(Lsn(1), message)
+            && let Ok(iter) = txn.changes.into_changes()
+        {
+            changes += iter.count();
         }
     }
     let total = start.elapsed().as_secs_f64();
