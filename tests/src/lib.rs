@@ -384,6 +384,19 @@ impl Cluster {
         }
     }
 
+    /// Restarts the server (fast shutdown: connections are terminated).
+    pub fn restart(&self) {
+        let mut c = server_command("pg_ctl");
+        c.args(["-D"])
+            .arg(self.data_dir())
+            .args(["-l"])
+            .arg(self.log_path())
+            .args(["-m", "fast", "-w", "-t", "60", "-o"])
+            .arg(format!("-p {}", self.port))
+            .arg("restart");
+        run(c, "pg_ctl restart");
+    }
+
     /// Stops the server immediately.
     pub fn stop(&self) {
         let mut c = server_command("pg_ctl");

@@ -143,10 +143,12 @@ impl Deployment {
         std::fs::read_to_string(self.path().join("stderr.log")).unwrap_or_default()
     }
 
-    /// Every complete output line, parsed.
+    /// Every complete output line, parsed (a line still being written is left out).
     pub fn lines(&self) -> Vec<Value> {
         let text = std::fs::read_to_string(self.output_path()).unwrap_or_default();
-        text.lines()
+        let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+        complete
+            .lines()
             .filter(|l| !l.is_empty())
             .map(|l| {
                 serde_json::from_str(l)

@@ -26,6 +26,9 @@ pub struct Finding {
     pub severity: Severity,
     /// What is wrong and how to fix it.
     pub message: String,
+    /// The problem may clear up by itself within seconds (the slot is
+    /// still held by the walsender of a consumer that just died).
+    pub may_clear: bool,
 }
 
 impl fmt::Display for Finding {
@@ -42,6 +45,7 @@ fn error(message: String) -> Finding {
     Finding {
         severity: Severity::Error,
         message,
+        may_clear: false,
     }
 }
 
@@ -49,6 +53,7 @@ fn warning(message: String) -> Finding {
     Finding {
         severity: Severity::Warning,
         message,
+        may_clear: false,
     }
 }
 
@@ -215,9 +220,12 @@ async fn slot_checks(
             }
             if slot.active {
                 let pid = slot.active_pid.map_or_else(|| "another process".to_owned(), |p| format!("process {p}"));
-                findings.push(error(format!(
-                    "source `{name}`: slot \"{slot_name}\" is in use by {pid} on {target}: stop the other consumer (another walbridge?) or set a different `slot`"
-                )));
+                findings.push(Finding {
+                    may_clear: true,
+                    ..error(format!(
+                        "source `{name}`: slot \"{slot_name}\" is in use by {pid} on {target}: stop the other consumer (another walbridge?) or set a different `slot`"
+                    ))
+                });
             }
         }
         None if !config.create_slot => findings.push(error(format!(

@@ -256,17 +256,7 @@ impl Source {
         mut flushed: watch::Receiver<Lsn>,
         mut shutdown: watch::Receiver<bool>,
     ) -> Result<(), SourceError> {
-        let findings = self.check().await;
-        for w in findings.iter().filter(|f| f.severity == Severity::Warning) {
-            tracing::warn!("{}", w.message);
-        }
-        let errors: Vec<Finding> = findings
-            .into_iter()
-            .filter(|f| f.severity == Severity::Error)
-            .collect();
-        if !errors.is_empty() {
-            return Err(SourceError::Prerequisites(errors));
-        }
+        self.preflight(&mut shutdown).await?;
         let spill_dir = self.state_dir.join("spill");
         spill::clear_dir(&spill_dir)
             .map_err(|e| SourceError::Spill(self.config.name.clone(), e))?;
@@ -295,6 +285,37 @@ impl Source {
                     backoff = (backoff * 2).min(Duration::from_secs(30));
                 }
                 Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Runs the checks; fails on errors, except that a slot still held by a
+    /// walsender that is going away (our own previous process, killed) is
+    /// waited for, briefly.
+    async fn preflight(&self, shutdown: &mut watch::Receiver<bool>) -> Result<(), SourceError> {
+        const GRACE: Duration = Duration::from_secs(10);
+        let deadline = tokio::time::Instant::now() + GRACE;
+        loop {
+            let findings = self.check().await;
+            let errors: Vec<&Finding> = findings
+                .iter()
+                .filter(|f| f.severity == Severity::Error)
+                .collect();
+            if errors.is_empty() {
+                for w in &findings {
+                    tracing::warn!("{}", w.message);
+                }
+                return Ok(());
+            }
+            if !errors.iter().all(|f| f.may_clear) || tokio::time::Instant::now() >= deadline {
+                return Err(SourceError::Prerequisites(
+                    errors.into_iter().cloned().collect(),
+                ));
+            }
+            tracing::info!(source = %self.config.name, "slot still in use, waiting for it to be released");
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                _ = shutdown.changed() => return Ok(()),
             }
         }
     }

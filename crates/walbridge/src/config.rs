@@ -183,6 +183,17 @@ publications = ["p"]
     }
 
     #[test]
+    fn shipped_examples_parse() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/walbridge.toml");
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let c = Config::parse(&text, |v| {
+            (v == "WALBRIDGE_PASSWORD").then(|| "pw".to_owned())
+        })
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(c.sources[0].publications, ["app_pub"]);
+    }
+
+    #[test]
     fn errors_name_the_key() {
         let err = |text: &str| {
             format!(

@@ -41,6 +41,7 @@ impl Output {
         }
         let file = File::options()
             .create(true)
+            .read(true)
             .append(true)
             .open(path)
             .with_context(|| format!("cannot open {path} for appending"))?;
@@ -48,11 +49,11 @@ impl Output {
             .metadata()
             .with_context(|| format!("cannot stat {path}"))?
             .is_file();
-        Ok(if regular {
-            Output::File(file)
-        } else {
-            Output::Stream(file)
-        })
+        if !regular {
+            return Ok(Output::Stream(file));
+        }
+        cut_torn_line(&file).with_context(|| format!("cannot repair the end of {path}"))?;
+        Ok(Output::File(file))
     }
 
     fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
@@ -69,6 +70,37 @@ impl Output {
             Output::Stream(f) => f.flush(),
         }
     }
+}
+
+/// A crash can leave half a line at the end of the file. Nothing in it was
+/// confirmed to the publisher, so it is sent again: cut the fragment off,
+/// or the next line would be glued to it.
+fn cut_torn_line(file: &File) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    let len = file.metadata()?.len();
+    let mut reader = file;
+    let mut end = len;
+    let mut block = vec![0u8; 64 * 1024];
+    while end > 0 {
+        let start = end.saturating_sub(block.len() as u64);
+        let chunk = &mut block[..(end - start) as usize];
+        reader.seek(SeekFrom::Start(start))?;
+        reader.read_exact(chunk)?;
+        if let Some(pos) = chunk.iter().rposition(|&b| b == b'\n') {
+            end = start + pos as u64 + 1;
+            break;
+        }
+        end = start;
+    }
+    if end != len {
+        tracing::warn!(
+            cut = len - end,
+            "removing a partly written last line left by a crash"
+        );
+        file.set_len(end)?;
+        file.sync_data()?;
+    }
+    Ok(())
 }
 
 /// Per source: the transaction being written and the last position written.
@@ -178,5 +210,39 @@ fn write_event(
             };
             encoder.message(out, &at, &m);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cut(content: &[u8]) -> Vec<u8> {
+        let dir = std::env::temp_dir().join(format!(
+            "walbridge-cut-{}-{}",
+            std::process::id(),
+            content.len()
+        ));
+        std::fs::write(&dir, content).unwrap_or_else(|e| panic!("{e}"));
+        let file = File::options()
+            .read(true)
+            .append(true)
+            .open(&dir)
+            .unwrap_or_else(|e| panic!("{e}"));
+        cut_torn_line(&file).unwrap_or_else(|e| panic!("{e}"));
+        let out = std::fs::read(&dir).unwrap_or_default();
+        let _ = std::fs::remove_file(&dir);
+        out
+    }
+
+    #[test]
+    fn torn_last_lines_are_cut() {
+        assert_eq!(cut(b"{\"a\":1}\n{\"b\":"), b"{\"a\":1}\n");
+        assert_eq!(cut(b"{\"a\":1}\n"), b"{\"a\":1}\n");
+        assert_eq!(cut(b"no newline at all"), b"");
+        assert_eq!(cut(b""), b"");
+        let mut long = vec![b'x'; 200_000];
+        long.insert(10, b'\n');
+        assert_eq!(cut(&long), &long[..11]);
     }
 }

@@ -1,0 +1,131 @@
+//! Failures around walbridge: the publisher restarts, walbridge dies in the
+//! middle of the initial copy, the publication stays idle while the
+//! database writes WAL, changes arrive from a replication origin.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use walbridge_tests::Cluster;
+use walbridge_tests::walbridge::Deployment;
+
+const WAIT: Duration = Duration::from_secs(120);
+
+fn inserted_ids(lines: &[serde_json::Value], op: &str) -> Vec<i64> {
+    lines
+        .iter()
+        .filter(|l| l["op"] == op)
+        .filter_map(|l| l["after"]["id"].as_i64())
+        .collect()
+}
+
+#[test]
+fn reconnects_after_the_publisher_restarts() {
+    let pg = Cluster::start();
+    pg.psql("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE t");
+    let wb = Deployment::new();
+    wb.configure(&pg, "postgres", "pub", "copy_data = false");
+    let running = wb.start();
+    pg.wait_for("SELECT count(*) FROM pg_stat_replication", "1", WAIT);
+    pg.psql("INSERT INTO t SELECT generate_series(1, 10)");
+    wb.wait_for_lines(10, WAIT);
+    pg.restart();
+    pg.psql("INSERT INTO t SELECT generate_series(11, 20)");
+    let lines = wb.wait_for_lines(20, WAIT);
+    assert!(running.stop(WAIT).success(), "log:\n{}", wb.log());
+    assert_eq!(inserted_ids(&lines, "c"), (1..=20).collect::<Vec<_>>());
+    assert!(
+        wb.log().contains("reconnecting"),
+        "the reconnect is logged:\n{}",
+        wb.log()
+    );
+}
+
+#[test]
+fn a_crash_during_the_initial_copy_copies_again_with_a_new_slot() {
+    let pg = Cluster::start();
+    pg.psql("CREATE TABLE t (id int PRIMARY KEY, pad text)");
+    pg.psql("INSERT INTO t SELECT g, repeat('x', 500) FROM generate_series(1, 200000) g");
+    pg.psql("CREATE PUBLICATION pub FOR TABLE t");
+    let wb = Deployment::new();
+    wb.configure(&pg, "postgres", "pub", "snapshot_workers = 1");
+    let running = wb.start();
+    let deadline = Instant::now() + WAIT;
+    while wb.lines().len() < 1000 {
+        assert!(
+            Instant::now() < deadline,
+            "no snapshot rows; log:\n{}",
+            wb.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    running.kill();
+    let before = wb.lines().len();
+    assert!(
+        before < 200_000,
+        "the copy finished before the crash; make the table bigger"
+    );
+    pg.psql("INSERT INTO t VALUES (0, 'after the crash')");
+    let running = wb.start();
+    let lines = wb.wait_for_lines(before + 200_001, WAIT);
+    assert!(running.stop(WAIT).success());
+    assert!(
+        wb.log().contains("did not finish; dropping slot"),
+        "log:\n{}",
+        wb.log()
+    );
+    // After the restart: the whole table once, the late row included (it is in the new snapshot).
+    let rerun: BTreeSet<i64> = inserted_ids(&lines[before..], "r").into_iter().collect();
+    assert_eq!(rerun, (0..=200_000).collect::<BTreeSet<_>>());
+    assert_eq!(inserted_ids(&lines[before..], "r").len(), 200_001);
+}
+
+#[test]
+fn an_idle_publication_does_not_hold_back_the_slot() {
+    let pg = Cluster::start();
+    pg.psql("CREATE TABLE published (id int PRIMARY KEY); CREATE TABLE other (pad text); CREATE PUBLICATION pub FOR TABLE published");
+    let wb = Deployment::new();
+    wb.configure(
+        &pg,
+        "postgres",
+        "pub",
+        "copy_data = false\nstatus_interval = 1",
+    );
+    let running = wb.start();
+    pg.wait_for("SELECT count(*) FROM pg_stat_replication", "1", WAIT);
+    for _ in 0..5 {
+        pg.psql("INSERT INTO other SELECT repeat('x', 1000) FROM generate_series(1, 10000)");
+    }
+    let lag = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) < 1024 * 1024 FROM pg_replication_slots WHERE slot_name = 'walbridge_src'";
+    assert_eq!(
+        pg.wait_for(lag, "t", WAIT),
+        "t",
+        "the slot keeps up with unrelated WAL"
+    );
+    assert!(wb.lines().is_empty());
+    assert!(running.stop(WAIT).success());
+}
+
+#[test]
+fn origin_none_skips_replicated_changes() {
+    let pg = Cluster::start();
+    if pg.major() < 16 {
+        return;
+    }
+    pg.psql("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE t");
+    pg.psql("SELECT pg_replication_origin_create('upstream')");
+    let wb = Deployment::new();
+    wb.configure(
+        &pg,
+        "postgres",
+        "pub",
+        "copy_data = false\norigin = \"none\"",
+    );
+    let running = wb.start();
+    pg.wait_for("SELECT count(*) FROM pg_stat_replication", "1", WAIT);
+    pg.psql("SELECT pg_replication_origin_session_setup('upstream'); INSERT INTO t VALUES (1); SELECT pg_replication_origin_session_reset()");
+    pg.psql("INSERT INTO t VALUES (2)");
+    let lines = wb.wait_for_lines(1, WAIT);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(running.stop(WAIT).success());
+    assert_eq!(inserted_ids(&wb.lines(), "c"), [2], "{lines:?}");
+}
