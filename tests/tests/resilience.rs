@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use walbridge_tests::Cluster;
-use walbridge_tests::walbridge::Deployment;
+use walbridge_tests::walbridge::{Deployment, Running};
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -40,8 +40,9 @@ fn reconnects_after_the_publisher_restarts() {
     );
 }
 
-#[test]
-fn a_crash_during_the_initial_copy_copies_again_with_a_new_slot() {
+/// Interrupts the initial copy with `interrupt`, restarts, and checks that
+/// the copy is done again completely, with a new slot.
+fn interrupted_copy_starts_over(interrupt: impl FnOnce(&Deployment, Running)) {
     let pg = Cluster::start();
     pg.psql("CREATE TABLE t (id int PRIMARY KEY, pad text)");
     pg.psql("INSERT INTO t SELECT g, repeat('x', 500) FROM generate_series(1, 200000) g");
@@ -58,13 +59,13 @@ fn a_crash_during_the_initial_copy_copies_again_with_a_new_slot() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    running.kill();
+    interrupt(&wb, running);
     let before = wb.lines().len();
     assert!(
         before < 200_000,
-        "the copy finished before the crash; make the table bigger"
+        "the copy finished before the interruption; make the table bigger"
     );
-    pg.psql("INSERT INTO t VALUES (0, 'after the crash')");
+    pg.psql("INSERT INTO t VALUES (0, 'after the interruption')");
     let running = wb.start();
     let lines = wb.wait_for_lines(before + 200_001, WAIT);
     assert!(running.stop(WAIT).success());
@@ -77,6 +78,24 @@ fn a_crash_during_the_initial_copy_copies_again_with_a_new_slot() {
     let rerun: BTreeSet<i64> = inserted_ids(&lines[before..], "r").into_iter().collect();
     assert_eq!(rerun, (0..=200_000).collect::<BTreeSet<_>>());
     assert_eq!(inserted_ids(&lines[before..], "r").len(), 200_001);
+}
+
+#[test]
+fn a_crash_during_the_initial_copy_copies_again_with_a_new_slot() {
+    interrupted_copy_starts_over(|_, running| running.kill());
+}
+
+#[test]
+fn sigterm_during_the_initial_copy_exits_cleanly_and_copies_again() {
+    interrupted_copy_starts_over(|wb, running| {
+        let status = running.stop(Duration::from_secs(20));
+        assert!(status.success(), "exit status {status}; log:\n{}", wb.log());
+        assert!(
+            wb.log().contains("stopping during the initial copy"),
+            "log:\n{}",
+            wb.log()
+        );
+    });
 }
 
 #[test]

@@ -97,6 +97,10 @@ impl SourceError {
                 })
             }
             SourceError::Snapshot(_, SnapshotError::Connection(_)) => true,
+            // The catalog connection broke (the server restarted, say).
+            SourceError::Catalog(_, CatalogError::Query { source, .. }) => {
+                source.is_closed() || source.code().is_none()
+            }
             _ => false,
         }
     }
@@ -360,8 +364,15 @@ impl Source {
                 )));
             }
             (None, _) => {
-                self.create_slot_and_copy(&mut conn, events, flushed)
-                    .await?
+                // A stop request abandons the copy: the state says it is
+                // unfinished, so the next start copies again with a new slot.
+                tokio::select! {
+                    copied = self.create_slot_and_copy(&mut conn, events, flushed) => copied?,
+                    _ = shutdown.changed() => {
+                        tracing::info!(source = %name, "stopping during the initial copy; it starts over on the next run");
+                        return Ok(());
+                    }
+                }
             }
             (Some(_), None) if self.config.copy_data => {
                 return Err(SourceError::Slot(format!(
