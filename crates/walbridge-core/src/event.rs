@@ -46,6 +46,11 @@ pub struct SnapshotBatch {
     pub consistent_point: Lsn,
 }
 
+/// Events handed downstream together, in order: a transaction (or a chunk
+/// of a large one), a snapshot batch, a message. Batching keeps the cost of
+/// moving events between tasks per transaction rather than per change.
+pub type EventBatch = Vec<SourceEvent>;
+
 /// What a source hands downstream, in order.
 ///
 /// A source emits first the snapshot (any number of [`SourceEvent::Snapshot`]

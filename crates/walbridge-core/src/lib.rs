@@ -21,7 +21,7 @@ mod types;
 mod value;
 
 pub use change::{Change, LogicalMessage, OldRow, OldRowKind, Truncate, TruncateOptions};
-pub use event::{Origin, SnapshotBatch, SourceEvent, TransactionInfo};
+pub use event::{EventBatch, Origin, SnapshotBatch, SourceEvent, TransactionInfo};
 pub use lsn::{Lsn, ParseLsnError};
 pub use relation::{Column, Relation, RelationId, ReplicaIdentity};
 pub use time::PgTimestamp;

@@ -22,7 +22,7 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use tokio::sync::{Mutex, mpsc};
-use walbridge_core::{Datum, Lsn, Relation, Row, SnapshotBatch, SourceEvent};
+use walbridge_core::{Datum, EventBatch, Lsn, Relation, Row, SnapshotBatch, SourceEvent};
 
 use crate::catalog::{
     CatalogError, PublishedTable, TypeCatalog, describe_table, quote_ident, quote_literal,
@@ -106,7 +106,7 @@ pub async fn copy_tables(
     workers: usize,
     chunk_bytes: u64,
     consistent_point: Lsn,
-    events: &mpsc::Sender<SourceEvent>,
+    events: &mpsc::Sender<EventBatch>,
     progress: &SnapshotProgress,
 ) -> Result<(), SnapshotError> {
     let mut sessions = Vec::new();
@@ -238,7 +238,7 @@ async fn copy_job(
     client: &tokio_postgres::Client,
     job: &TableJob,
     consistent_point: Lsn,
-    events: &mpsc::Sender<SourceEvent>,
+    events: &mpsc::Sender<EventBatch>,
     progress: &SnapshotProgress,
 ) -> Result<(), SnapshotError> {
     let table = job.table.quoted_name();
@@ -257,11 +257,11 @@ async fn copy_job(
     let ncols = job.relation.columns.len();
     let send = |rows: Vec<Row>| async {
         events
-            .send(SourceEvent::Snapshot(SnapshotBatch {
+            .send(vec![SourceEvent::Snapshot(SnapshotBatch {
                 relation: job.relation.clone(),
                 rows,
                 consistent_point,
-            }))
+            })])
             .await
             .map_err(|_| SnapshotError::Closed)
     };

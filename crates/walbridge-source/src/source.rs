@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
-use walbridge_core::{Lsn, PgTimestamp, SourceEvent};
+use walbridge_core::{EventBatch, Lsn, PgTimestamp, SourceEvent};
 
 use crate::assembler::{Assembled, Assembler, AssemblyError, CommittedTransaction};
 use crate::catalog::{CatalogError, TypeCatalog, published_tables, quote_ident};
@@ -105,6 +105,18 @@ impl SourceError {
         }
     }
 }
+
+/// How the initial copy ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CopyOutcome {
+    /// Copied (or nothing to copy) and acknowledged: go on streaming.
+    Copied,
+    /// A stop was requested: exit now (the state records whether the copy finished).
+    Stopped,
+}
+
+/// Changes per batch handed downstream; a large transaction goes in several.
+const MAX_BATCH: usize = 256;
 
 /// What the source remembers between runs (`data_dir/sources/<name>/state.json`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -256,7 +268,7 @@ impl Source {
     /// transaction the consumers made durable.
     pub async fn run(
         &self,
-        events: mpsc::Sender<SourceEvent>,
+        events: mpsc::Sender<EventBatch>,
         mut flushed: watch::Receiver<Lsn>,
         mut shutdown: watch::Receiver<bool>,
     ) -> Result<(), SourceError> {
@@ -326,7 +338,7 @@ impl Source {
 
     async fn run_once(
         &self,
-        events: &mpsc::Sender<SourceEvent>,
+        events: &mpsc::Sender<EventBatch>,
         flushed: &mut watch::Receiver<Lsn>,
         shutdown: &mut watch::Receiver<bool>,
         assembler: &mut Assembler,
@@ -364,14 +376,12 @@ impl Source {
                 )));
             }
             (None, _) => {
-                // A stop request abandons the copy: the state says it is
-                // unfinished, so the next start copies again with a new slot.
-                tokio::select! {
-                    copied = self.create_slot_and_copy(&mut conn, events, flushed) => copied?,
-                    _ = shutdown.changed() => {
-                        tracing::info!(source = %name, "stopping during the initial copy; it starts over on the next run");
-                        return Ok(());
-                    }
+                if self
+                    .create_slot_and_copy(&mut conn, events, flushed, shutdown)
+                    .await?
+                    == CopyOutcome::Stopped
+                {
+                    return Ok(());
                 }
             }
             (Some(_), None) if self.config.copy_data => {
@@ -388,9 +398,10 @@ impl Source {
     async fn create_slot_and_copy(
         &self,
         conn: &mut ReplicationConnection,
-        events: &mpsc::Sender<SourceEvent>,
+        events: &mpsc::Sender<EventBatch>,
         flushed: &mut watch::Receiver<Lsn>,
-    ) -> Result<(), SourceError> {
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<CopyOutcome, SourceError> {
         let name = &self.config.name;
         let slot_name = self.config.slot_name();
         let action = if self.config.copy_data {
@@ -417,7 +428,7 @@ impl Source {
             .store(&self.state_dir)
             .map_err(|e| SourceError::State(name.clone(), self.state_dir.clone(), e))?;
         let Some(snapshot_name) = created.snapshot_name.filter(|_| self.config.copy_data) else {
-            return Ok(());
+            return Ok(CopyOutcome::Copied);
         };
         let client = connect_sql(&self.params, self.config.application_name())
             .await
@@ -431,7 +442,7 @@ impl Source {
         .map_err(|e| SourceError::Catalog(name.clone(), e))?;
         drop(client);
         tracing::info!(source = %name, tables = tables.len(), workers = self.config.snapshot_workers, "initial copy starting");
-        copy_tables(
+        let copy = copy_tables(
             &self.params,
             self.config.application_name(),
             &snapshot_name,
@@ -441,20 +452,43 @@ impl Source {
             created.consistent_point,
             events,
             &self.stats.snapshot,
-        )
-        .await
-        .map_err(|e| SourceError::Snapshot(name.clone(), e))?;
+        );
+        // A stop request abandons the copy: the state says it is
+        // unfinished, so the next start copies again with a new slot.
+        tokio::select! {
+            copied = copy => copied.map_err(|e| SourceError::Snapshot(name.clone(), e))?,
+            _ = shutdown.changed() => {
+                tracing::info!(source = %name, "stopping during the initial copy; it starts over on the next run");
+                return Ok(CopyOutcome::Stopped);
+            }
+        }
         events
-            .send(SourceEvent::SnapshotComplete {
+            .send(vec![SourceEvent::SnapshotComplete {
                 consistent_point: created.consistent_point,
-            })
+            }])
             .await
             .map_err(|_| SourceError::Snapshot(name.clone(), SnapshotError::Closed))?;
         // The copy counts as done only once the consumers made it durable.
-        while *flushed.borrow() < created.consistent_point {
-            if flushed.changed().await.is_err() {
-                return Err(SourceError::Snapshot(name.clone(), SnapshotError::Closed));
+        // A stop request now still waits for that, for a while, since
+        // everything has been handed over.
+        let acknowledged = async {
+            while *flushed.borrow() < created.consistent_point {
+                if flushed.changed().await.is_err() {
+                    return Err(SourceError::Snapshot(name.clone(), SnapshotError::Closed));
+                }
             }
+            Ok(())
+        };
+        tokio::pin!(acknowledged);
+        tokio::select! {
+            done = &mut acknowledged => done?,
+            _ = shutdown.changed() => match tokio::time::timeout(Duration::from_secs(10), &mut acknowledged).await {
+                Ok(done) => done?,
+                Err(_) => {
+                    tracing::info!(source = %name, "stopping before the sinks confirmed the initial copy; it starts over on the next run");
+                    return Ok(CopyOutcome::Stopped);
+                }
+            },
         }
         state.snapshot_complete = true;
         state
@@ -466,7 +500,10 @@ impl Source {
             .rows
             .load(std::sync::atomic::Ordering::Relaxed);
         tracing::info!(source = %name, rows, "initial copy finished");
-        Ok(())
+        if *shutdown.borrow() {
+            return Ok(CopyOutcome::Stopped);
+        }
+        Ok(CopyOutcome::Copied)
     }
 
     fn start_command(&self, server_version: u32) -> String {
@@ -548,7 +585,7 @@ impl Source {
     async fn stream(
         &self,
         mut conn: ReplicationConnection,
-        events: &mpsc::Sender<SourceEvent>,
+        events: &mpsc::Sender<EventBatch>,
         flushed: &mut watch::Receiver<Lsn>,
         shutdown: &mut watch::Receiver<bool>,
         assembler: &mut Assembler,
@@ -569,6 +606,9 @@ impl Source {
         let mut ticker = tokio::time::interval(Duration::from_secs(self.config.status_interval));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            if *shutdown.borrow_and_update() {
+                return self.finish(conn, flushed, assembler, positions).await;
+            }
             tokio::select! {
                 biased;
                 _ = shutdown.changed() => {
@@ -603,7 +643,7 @@ impl Source {
                             match assembled {
                                 Assembled::Nothing => {}
                                 Assembled::Message(m) => {
-                                    self.deliver(&mut conn, events, flushed, assembler, positions, SourceEvent::Message(m)).await?;
+                                    self.deliver(&mut conn, events, flushed, assembler, positions, vec![SourceEvent::Message(m)]).await?;
                                 }
                                 Assembled::Committed(txn) => self.emit(&mut conn, events, flushed, assembler, positions, txn).await?,
                             }
@@ -625,7 +665,7 @@ impl Source {
     async fn emit(
         &self,
         conn: &mut ReplicationConnection,
-        events: &mpsc::Sender<SourceEvent>,
+        events: &mpsc::Sender<EventBatch>,
         flushed: &watch::Receiver<Lsn>,
         assembler: &Assembler,
         positions: &mut Positions,
@@ -637,40 +677,25 @@ impl Source {
             return Ok(());
         }
         let info = txn.info.clone();
-        self.deliver(
-            conn,
-            events,
-            flushed,
-            assembler,
-            positions,
-            SourceEvent::Begin(info.clone()),
-        )
-        .await?;
+        let mut batch = Vec::with_capacity(MAX_BATCH.min(txn.changes.len() + 2));
+        batch.push(SourceEvent::Begin(info.clone()));
         for change in txn
             .changes
             .into_changes()
             .map_err(|e| SourceError::Spill(name.clone(), e))?
         {
-            let change = change.map_err(|e| SourceError::Spill(name.clone(), e))?;
-            self.deliver(
-                conn,
-                events,
-                flushed,
-                assembler,
-                positions,
-                SourceEvent::Change(change),
-            )
-            .await?;
+            batch.push(SourceEvent::Change(
+                change.map_err(|e| SourceError::Spill(name.clone(), e))?,
+            ));
+            if batch.len() >= MAX_BATCH {
+                let full = std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH));
+                self.deliver(conn, events, flushed, assembler, positions, full)
+                    .await?;
+            }
         }
-        self.deliver(
-            conn,
-            events,
-            flushed,
-            assembler,
-            positions,
-            SourceEvent::Commit(info.clone()),
-        )
-        .await?;
+        batch.push(SourceEvent::Commit(info.clone()));
+        self.deliver(conn, events, flushed, assembler, positions, batch)
+            .await?;
         positions.last_emitted_end = info.end_lsn;
         self.stats
             .transactions
@@ -678,19 +703,19 @@ impl Source {
         Ok(())
     }
 
-    /// Hands one event downstream, waiting for room; while waiting, keeps
+    /// Hands a batch of events downstream, waiting for room; while waiting, keeps
     /// the publisher informed so it does not time the connection out.
     async fn deliver(
         &self,
         conn: &mut ReplicationConnection,
-        events: &mpsc::Sender<SourceEvent>,
+        events: &mpsc::Sender<EventBatch>,
         flushed: &watch::Receiver<Lsn>,
         assembler: &Assembler,
         positions: &mut Positions,
-        event: SourceEvent,
+        batch: EventBatch,
     ) -> Result<(), SourceError> {
         let closed = || SourceError::Snapshot(self.config.name.clone(), SnapshotError::Closed);
-        let mut event = Some(event);
+        let mut event = Some(batch);
         loop {
             match tokio::time::timeout(
                 Duration::from_secs(self.config.status_interval),

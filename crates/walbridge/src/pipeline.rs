@@ -16,14 +16,14 @@ use anyhow::anyhow;
 use futures_util::future::select_all;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
-use walbridge_core::{Lsn, SourceEvent};
+use walbridge_core::{EventBatch, Lsn};
 use walbridge_source::Source;
 
 use crate::config::{Config, SinkConfig};
 use crate::sink::jsonl::JsonlSink;
 use crate::sink::{Routed, SourceContext};
 
-/// Events queued between stages.
+/// Event batches queued between stages.
 const QUEUE: usize = 1024;
 
 /// Runs until SIGINT/SIGTERM (exit cleanly) or a permanent failure.
@@ -73,7 +73,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             tracing::warn!(source = %source_config.name, "no sink reads this source; it is not started");
             continue;
         }
-        let (events_tx, events_rx) = mpsc::channel::<SourceEvent>(QUEUE);
+        let (events_tx, events_rx) = mpsc::channel::<EventBatch>(QUEUE);
         tokio::spawn(dispatch(events_rx, targets));
         tokio::spawn(combine(acks, flushed_tx));
         let shutdown = shutdown_rx.clone();
@@ -116,12 +116,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
 }
 
-/// Copies each event to every sink reading the source, in order.
+/// Copies each batch to every sink reading the source, in order.
 async fn dispatch(
-    mut events: mpsc::Receiver<SourceEvent>,
+    mut events: mpsc::Receiver<EventBatch>,
     targets: Vec<(mpsc::Sender<Routed>, Arc<SourceContext>)>,
 ) {
-    while let Some(event) = events.recv().await {
+    while let Some(batch) = events.recv().await {
         let Some(((last_queue, last_context), others)) = targets.split_last() else {
             return;
         };
@@ -129,7 +129,7 @@ async fn dispatch(
             if queue
                 .send(Routed {
                     source: context.clone(),
-                    event: event.clone(),
+                    events: batch.clone(),
                 })
                 .await
                 .is_err()
@@ -140,7 +140,7 @@ async fn dispatch(
         if last_queue
             .send(Routed {
                 source: last_context.clone(),
-                event,
+                events: batch,
             })
             .await
             .is_err()

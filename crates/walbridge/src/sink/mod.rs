@@ -6,7 +6,7 @@ pub mod jsonl;
 use std::sync::Arc;
 
 use tokio::sync::watch;
-use walbridge_core::{Lsn, SourceEvent};
+use walbridge_core::{EventBatch, Lsn};
 
 /// Which source an event came from, as a sink sees it.
 #[derive(Debug)]
@@ -19,11 +19,11 @@ pub struct SourceContext {
     pub flushed: watch::Sender<Lsn>,
 }
 
-/// An event together with its source.
+/// Events together with their source.
 #[derive(Debug)]
 pub struct Routed {
     /// The source.
     pub source: Arc<SourceContext>,
-    /// The event.
-    pub event: SourceEvent,
+    /// The events, in order.
+    pub events: EventBatch,
 }

@@ -138,7 +138,9 @@ impl JsonlSink {
                 let (source, cursor) = cursors
                     .entry(key)
                     .or_insert_with(|| (routed.source.clone(), SourceCursor::default()));
-                write_event(&encoder, &mut buffer, source, cursor, routed.event);
+                for event in routed.events {
+                    write_event(&encoder, &mut buffer, source, cursor, event);
+                }
                 if buffer.len() >= WRITE_CHUNK {
                     self.output
                         .write_all(&buffer)
