@@ -23,8 +23,9 @@ use crate::config::{Config, SinkConfig};
 use crate::sink::jsonl::JsonlSink;
 use crate::sink::{Routed, SourceContext};
 
-/// Event batches queued between stages.
-const QUEUE: usize = 1024;
+/// Event batches queued between stages. A batch holds up to 256 changes,
+/// so this bounds each queue to about 16k changes.
+const QUEUE: usize = 64;
 
 /// Runs until SIGINT/SIGTERM (exit cleanly) or a permanent failure.
 pub async fn run(config: Config) -> anyhow::Result<()> {
