@@ -292,9 +292,7 @@ impl Cluster {
         self.connstr("postgres", "postgres")
     }
 
-    /// Runs SQL with `psql` (a third-party client) as the superuser on
-    /// `dbname`; panics on any error. Returns unaligned, tuples-only output.
-    pub fn psql_db(&self, dbname: &str, sql: &str) -> String {
+    fn psql_command(&self, dbname: &str, sql: &str) -> Command {
         let mut c = Command::new("psql");
         c.args([
             "-X",
@@ -310,8 +308,15 @@ impl Cluster {
             "-p",
         ])
         .arg(self.port.to_string())
-        .args(["-d", dbname, "-c", sql]);
-        let out = run(c, &format!("psql `{sql}`"));
+        .args(["-d", dbname, "-c", sql])
+        .stdin(Stdio::null());
+        c
+    }
+
+    /// Runs SQL with `psql` (a third-party client) as the superuser on
+    /// `dbname`; panics on any error. Returns unaligned, tuples-only output.
+    pub fn psql_db(&self, dbname: &str, sql: &str) -> String {
+        let out = run(self.psql_command(dbname, sql), &format!("psql `{sql}`"));
         String::from_utf8_lossy(&out.stdout).trim_end().to_owned()
     }
 
@@ -322,23 +327,8 @@ impl Cluster {
 
     /// Runs SQL with `psql`, returning its error text when it fails.
     pub fn psql_result(&self, sql: &str) -> Result<String, String> {
-        let out = Command::new("psql")
-            .args([
-                "-X",
-                "-q",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-A",
-                "-t",
-                "-h",
-                "127.0.0.1",
-                "-U",
-                "postgres",
-                "-p",
-            ])
-            .arg(self.port.to_string())
-            .args(["-d", "postgres", "-c", sql])
-            .stdin(Stdio::null())
+        let out = self
+            .psql_command("postgres", sql)
             .output()
             .map_err(|e| e.to_string())?;
         if out.status.success() {

@@ -176,6 +176,15 @@ impl Deployment {
     }
 }
 
+/// The `after.id` of every output line with operation `op`, in order.
+pub fn ids_with_op(lines: &[Value], op: &str) -> Vec<i64> {
+    lines
+        .iter()
+        .filter(|l| l["op"] == op)
+        .filter_map(|l| l["after"]["id"].as_i64())
+        .collect()
+}
+
 /// A running `walbridge run` process; killed (SIGKILL) when dropped.
 pub struct Running {
     child: Option<Child>,

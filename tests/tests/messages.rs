@@ -7,17 +7,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use walbridge_tests::Cluster;
-use walbridge_tests::walbridge::Deployment;
+use walbridge_tests::walbridge::{Deployment, ids_with_op};
 
 const WAIT: Duration = Duration::from_secs(120);
-
-fn ids(lines: &[Value], op: &str) -> Vec<i64> {
-    lines
-        .iter()
-        .filter(|l| l["op"] == op)
-        .filter_map(|l| l["after"]["id"].as_i64())
-        .collect()
-}
 
 #[test]
 fn streamed_transactions_with_subtransaction_aborts_spill_and_commit_in_order() {
@@ -75,7 +67,7 @@ fn streamed_transactions_with_subtransaction_aborts_spill_and_commit_in_order() 
     let expected = 5000 + 5000 + 1000 + 1 + 2;
     let lines = wb.wait_for_lines(expected, WAIT);
     assert!(running.stop(WAIT).success());
-    let inserted = ids(&lines, "c");
+    let inserted = ids_with_op(&lines, "c");
     assert_eq!(inserted.len(), expected, "exactly the committed rows");
     // Commit order: the small transaction committed first.
     assert_eq!(inserted[0], -1);
@@ -141,7 +133,7 @@ fn two_phase_transactions_arrive_at_commit_prepared() {
     let lines = wb.wait_for_lines(1, WAIT);
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(
-        ids(&wb.lines(), "c"),
+        ids_with_op(&wb.lines(), "c"),
         [10],
         "prepared transactions wait for their outcome: {lines:?}"
     );
@@ -150,7 +142,7 @@ fn two_phase_transactions_arrive_at_commit_prepared() {
     pg.psql("INSERT INTO t VALUES (11)");
     let lines = wb.wait_for_lines(4, WAIT);
     assert!(running.stop(WAIT).success());
-    assert_eq!(ids(&lines, "c"), [10, 1, 2, 11]);
+    assert_eq!(ids_with_op(&lines, "c"), [10, 1, 2, 11]);
 }
 
 #[test]

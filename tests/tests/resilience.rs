@@ -6,17 +6,9 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use walbridge_tests::Cluster;
-use walbridge_tests::walbridge::{Deployment, Running};
+use walbridge_tests::walbridge::{Deployment, Running, ids_with_op};
 
 const WAIT: Duration = Duration::from_secs(120);
-
-fn inserted_ids(lines: &[serde_json::Value], op: &str) -> Vec<i64> {
-    lines
-        .iter()
-        .filter(|l| l["op"] == op)
-        .filter_map(|l| l["after"]["id"].as_i64())
-        .collect()
-}
 
 #[test]
 fn reconnects_after_the_publisher_restarts() {
@@ -32,7 +24,7 @@ fn reconnects_after_the_publisher_restarts() {
     pg.psql("INSERT INTO t SELECT generate_series(11, 20)");
     let lines = wb.wait_for_lines(20, WAIT);
     assert!(running.stop(WAIT).success(), "log:\n{}", wb.log());
-    assert_eq!(inserted_ids(&lines, "c"), (1..=20).collect::<Vec<_>>());
+    assert_eq!(ids_with_op(&lines, "c"), (1..=20).collect::<Vec<_>>());
     assert!(
         wb.log().contains("reconnecting"),
         "the reconnect is logged:\n{}",
@@ -75,9 +67,9 @@ fn interrupted_copy_starts_over(interrupt: impl FnOnce(&Deployment, Running)) {
         wb.log()
     );
     // After the restart: the whole table once, the late row included (it is in the new snapshot).
-    let rerun: BTreeSet<i64> = inserted_ids(&lines[before..], "r").into_iter().collect();
+    let rerun: BTreeSet<i64> = ids_with_op(&lines[before..], "r").into_iter().collect();
     assert_eq!(rerun, (0..=200_000).collect::<BTreeSet<_>>());
-    assert_eq!(inserted_ids(&lines[before..], "r").len(), 200_001);
+    assert_eq!(ids_with_op(&lines[before..], "r").len(), 200_001);
 }
 
 #[test]
@@ -146,5 +138,5 @@ fn origin_none_skips_replicated_changes() {
     let lines = wb.wait_for_lines(1, WAIT);
     std::thread::sleep(Duration::from_millis(300));
     assert!(running.stop(WAIT).success());
-    assert_eq!(inserted_ids(&wb.lines(), "c"), [2], "{lines:?}");
+    assert_eq!(ids_with_op(&wb.lines(), "c"), [2], "{lines:?}");
 }

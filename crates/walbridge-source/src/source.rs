@@ -557,7 +557,6 @@ impl Source {
         positions: &mut Positions,
         flushed: Lsn,
         assembler: &Assembler,
-        reply_requested: bool,
     ) -> StatusUpdate {
         let mut flush = flushed;
         let idle = !assembler.in_transaction() && flushed >= positions.last_emitted_end;
@@ -578,8 +577,23 @@ impl Source {
             flush,
             apply: flush,
             time: PgTimestamp::now(),
-            reply_requested,
+            reply_requested: false,
         }
+    }
+
+    /// Sends a status update with the current positions.
+    async fn send_status(
+        &self,
+        conn: &mut ReplicationConnection,
+        positions: &mut Positions,
+        flushed: Lsn,
+        assembler: &Assembler,
+    ) -> Result<StatusUpdate, SourceError> {
+        let status = self.status(positions, flushed, assembler);
+        conn.send_copy_data(status.encode())
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(status)
     }
 
     async fn stream(
@@ -624,8 +638,8 @@ impl Source {
                             positions.keepalive_end = positions.keepalive_end.max(wal_end);
                             positions.received = positions.received.max(wal_end);
                             if reply_requested {
-                                let s = self.status(positions, *flushed.borrow(), assembler, false);
-                                conn.send_copy_data(s.encode()).await.map_err(|e| self.err(e))?;
+                                let acked = *flushed.borrow();
+                                self.send_status(&mut conn, positions, acked, assembler).await?;
                             }
                         }
                         ServerMessage::XLogData { wal_start, data, .. } => {
@@ -651,12 +665,12 @@ impl Source {
                     }
                 }
                 _ = flushed.changed() => {
-                    let s = self.status(positions, *flushed.borrow(), assembler, false);
-                    conn.send_copy_data(s.encode()).await.map_err(|e| self.err(e))?;
+                    let acked = *flushed.borrow();
+                    self.send_status(&mut conn, positions, acked, assembler).await?;
                 }
                 _ = ticker.tick() => {
-                    let s = self.status(positions, *flushed.borrow(), assembler, false);
-                    conn.send_copy_data(s.encode()).await.map_err(|e| self.err(e))?;
+                    let acked = *flushed.borrow();
+                    self.send_status(&mut conn, positions, acked, assembler).await?;
                 }
             }
         }
@@ -731,10 +745,8 @@ impl Source {
                 }
                 Ok(Err(_)) => return Err(closed()),
                 Err(_) => {
-                    let s = self.status(positions, *flushed.borrow(), assembler, false);
-                    conn.send_copy_data(s.encode())
-                        .await
-                        .map_err(|e| self.err(e))?;
+                    let acked = *flushed.borrow();
+                    self.send_status(conn, positions, acked, assembler).await?;
                 }
             }
         }
@@ -758,10 +770,10 @@ impl Source {
             }
         };
         let _ = tokio::time::timeout(Duration::from_secs(10), wait).await;
-        let s = self.status(positions, *flushed.borrow(), assembler, false);
-        conn.send_copy_data(s.encode())
-            .await
-            .map_err(|e| self.err(e))?;
+        let acked = *flushed.borrow();
+        let s = self
+            .send_status(&mut conn, positions, acked, assembler)
+            .await?;
         conn.finish_copy_both().await.map_err(|e| self.err(e))?;
         conn.close().await;
         tracing::info!(source = %self.config.name, confirmed = %s.flush, "stopped streaming");

@@ -557,6 +557,18 @@ pub fn parse_server_version(text: &str) -> u32 {
     }
 }
 
+/// Drives a tokio-postgres connection in the background until it ends.
+fn spawn_connection<F>(connection: F)
+where
+    F: Future<Output = Result<(), tokio_postgres::Error>> + Send + 'static,
+{
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!("SQL connection ended: {e}");
+        }
+    });
+}
+
 /// Opens an ordinary SQL connection with the same parameters, TLS and
 /// session settings, for catalog queries and snapshot COPY. The connection
 /// task is spawned on the current runtime.
@@ -605,11 +617,7 @@ pub async fn connect_sql(
                     .connect(PgTls(settings.clone()))
                     .await
                     .map(|(client, conn)| {
-                        tokio::spawn(async move {
-                            if let Err(e) = conn.await {
-                                tracing::debug!("SQL connection ended: {e}");
-                            }
-                        });
+                        spawn_connection(conn);
                         client
                     })
             }
@@ -619,11 +627,7 @@ pub async fn connect_sql(
                     .connect(tokio_postgres::NoTls)
                     .await
                     .map(|(client, conn)| {
-                        tokio::spawn(async move {
-                            if let Err(e) = conn.await {
-                                tracing::debug!("SQL connection ended: {e}");
-                            }
-                        });
+                        spawn_connection(conn);
                         client
                     })
             }
