@@ -159,3 +159,35 @@ fn parallel_chunked_snapshot_under_concurrent_writes_matches_the_publisher() {
         "per-table progress is logged:\n{log}"
     );
 }
+
+#[test]
+fn row_filters_and_column_lists_apply_to_the_copy_and_the_stream() {
+    let pg = Cluster::start();
+    if pg.major() < 15 {
+        return;
+    }
+    pg.psql("CREATE TABLE t (id int PRIMARY KEY, a text, secret text)");
+    pg.psql("INSERT INTO t SELECT g, 'a' || g, 'hidden' FROM generate_series(1, 20) g");
+    pg.psql("CREATE PUBLICATION pub FOR TABLE t (id, a) WHERE (id > 10)");
+    let wb = Deployment::new();
+    wb.configure(&pg, "postgres", "pub", "");
+    let running = wb.start();
+    wb.wait_for_lines(10, WAIT);
+    pg.psql("INSERT INTO t VALUES (-5, 'filtered out', 'x'), (30, 'a30', 'x')");
+    let lines = wb.wait_for_lines(11, WAIT);
+    assert!(running.stop(WAIT).success());
+    let snapshot: Vec<i64> = lines[..10]
+        .iter()
+        .filter_map(|l| l["after"]["id"].as_i64())
+        .collect();
+    assert_eq!(snapshot, (11..=20).collect::<Vec<_>>());
+    assert!(lines[..10].iter().all(|l| l["op"] == "r"));
+    for l in &lines {
+        let columns: Vec<&String> = l["after"]
+            .as_object()
+            .map(|o| o.keys().collect())
+            .unwrap_or_default();
+        assert_eq!(columns, ["id", "a"], "only the listed columns: {l}");
+    }
+    assert_eq!(lines[10]["after"]["id"], 30);
+}
