@@ -80,8 +80,7 @@ pub fn explain_connection_error(source: &str, target: &str, e: &ConnectionError)
 }
 
 /// Runs every check for one source and returns the findings (empty when
-/// everything is in order). `known_slot` says whether walbridge's state
-/// records this slot as its own.
+/// everything is in order). Opens one SQL and one replication connection.
 pub async fn check_source(config: &SourceConfig, params: &ConnParams) -> Vec<Finding> {
     let target = params.display_target();
     let client = match connect_sql(params, config.application_name()).await {
