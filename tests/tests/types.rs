@@ -135,7 +135,7 @@ fn binary_mode_gives_the_same_values_where_json_can_tell() {
     let expected = expected();
     for column in [
         "i2", "i4", "i8", "num", "num_nan", "f4", "f8", "f_nan", "f_inf", "f_ninf", "txt", "vc",
-        "raw", "flag", "d", "ts", "u", "js", "jsb", "m", "dom",
+        "raw", "flag", "d", "ts", "u", "js", "jsb", "m", "dom", "iv", "ints", "texts", "moods",
     ] {
         assert_same(&after[column], &expected[column], column);
     }

@@ -343,8 +343,103 @@ fn binary_scalar(b: &[u8], kind: &ValueKind) -> Option<Value> {
             })
         }
         ValueKind::Numeric => text(numeric_binary_to_string(b)?),
+        ValueKind::Interval => {
+            let micros = i64::from_be_bytes(b.get(0..8)?.try_into().ok()?);
+            let days = i32::from_be_bytes(b.get(8..12)?.try_into().ok()?);
+            let months = i32::from_be_bytes(b.get(12..16)?.try_into().ok()?);
+            (b.len() == 16).then(|| Value::String(iso_interval(months, days, micros)))
+        }
+        ValueKind::Array { element, .. } => binary_array(b, element),
         _ => None,
     }
+}
+
+/// An interval as PostgreSQL's `iso_8601` IntervalStyle writes it.
+fn iso_interval(months: i32, days: i32, micros: i64) -> String {
+    let mut out = String::from("P");
+    let (years, months) = (months / 12, months % 12);
+    for (n, unit) in [
+        (i64::from(years), 'Y'),
+        (i64::from(months), 'M'),
+        (i64::from(days), 'D'),
+    ] {
+        if n != 0 {
+            out.push_str(&format!("{n}{unit}"));
+        }
+    }
+    if micros != 0 {
+        out.push('T');
+        let (hours, rest) = (micros / 3_600_000_000, micros % 3_600_000_000);
+        let (minutes, rest) = (rest / 60_000_000, rest % 60_000_000);
+        if hours != 0 {
+            out.push_str(&format!("{hours}H"));
+        }
+        if minutes != 0 {
+            out.push_str(&format!("{minutes}M"));
+        }
+        if rest != 0 {
+            let (secs, frac) = (rest / 1_000_000, (rest % 1_000_000).abs());
+            let sign = if rest < 0 && secs == 0 { "-" } else { "" };
+            if frac == 0 {
+                out.push_str(&format!("{sign}{secs}S"));
+            } else {
+                let digits = format!("{frac:06}");
+                out.push_str(&format!("{sign}{secs}.{}S", digits.trim_end_matches('0')));
+            }
+        }
+    }
+    if out == "P" { "PT0S".to_owned() } else { out }
+}
+
+/// `array_send` format: ndim, has-null flag, element type, (size, lower
+/// bound) per dimension, then each element as length (-1 for NULL) and bytes.
+fn binary_array(b: &[u8], element: &ValueKind) -> Option<Value> {
+    let int = |at: usize| -> Option<i32> {
+        Some(i32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    };
+    let ndim = usize::try_from(int(0)?).ok()?;
+    if ndim == 0 {
+        return Some(Value::Array(Vec::new()));
+    }
+    if ndim > 6 {
+        return None;
+    }
+    let dims: Vec<usize> = (0..ndim)
+        .map(|d| usize::try_from(int(12 + 8 * d)?).ok())
+        .collect::<Option<_>>()?;
+    let mut pos = 12 + 8 * ndim;
+    let total = dims.iter().try_fold(1usize, |acc, d| acc.checked_mul(*d))?;
+    let mut flat = Vec::with_capacity(total.min(b.len()));
+    for _ in 0..total {
+        let len = int(pos)?;
+        pos += 4;
+        flat.push(match usize::try_from(len) {
+            Ok(len) => {
+                let data = b.get(pos..pos + len)?;
+                pos += len;
+                binary_scalar(data, element).unwrap_or_else(|| Value::String(BASE64.encode(data)))
+            }
+            Err(_) => Value::Null,
+        });
+    }
+    if pos != b.len() {
+        return None;
+    }
+    // Nest the flat, row-major elements by dimension, innermost first.
+    let mut level = flat;
+    for &size in dims.iter().skip(1).rev() {
+        let mut rows = Vec::with_capacity(level.len() / size.max(1));
+        let mut items = level.into_iter();
+        loop {
+            let row: Vec<Value> = items.by_ref().take(size).collect();
+            if row.is_empty() {
+                break;
+            }
+            rows.push(Value::Array(row));
+        }
+        level = rows;
+    }
+    Some(Value::Array(level))
 }
 
 fn float_value(v: f64, shortest: impl Fn() -> String) -> Value {
@@ -549,5 +644,43 @@ mod tests {
         }
         assert_eq!(binary_to_json(&n, &ValueKind::Numeric), json!("12345.678"));
         assert_eq!(binary_to_json(&[1, 2, 3], &ValueKind::Int4), json!("AQID"));
+        // interval '1 year 2 months 3 days 04:05:06.5'
+        let mut iv = Vec::new();
+        iv.extend_from_slice(&14_706_500_000i64.to_be_bytes());
+        iv.extend_from_slice(&3i32.to_be_bytes());
+        iv.extend_from_slice(&14i32.to_be_bytes());
+        assert_eq!(
+            binary_to_json(&iv, &ValueKind::Interval),
+            json!("P1Y2M3DT4H5M6.5S")
+        );
+        assert_eq!(iso_interval(0, 0, 0), "PT0S");
+        assert_eq!(iso_interval(0, -1, -500_000), "P-1DT-0.5S");
+        // int4[][] '{{1,NULL},{3,4}}'
+        let mut arr = Vec::new();
+        for w in [2i32, 1, 23, 2, 1, 2, 1] {
+            arr.extend_from_slice(&w.to_be_bytes());
+        }
+        for v in [Some(1i32), None, Some(3), Some(4)] {
+            match v {
+                Some(v) => {
+                    arr.extend_from_slice(&4i32.to_be_bytes());
+                    arr.extend_from_slice(&v.to_be_bytes());
+                }
+                None => arr.extend_from_slice(&(-1i32).to_be_bytes()),
+            }
+        }
+        let ints = ValueKind::Array {
+            element: Box::new(ValueKind::Int4),
+            delimiter: b',',
+        };
+        assert_eq!(binary_to_json(&arr, &ints), json!([[1, null], [3, 4]]));
+        assert_eq!(
+            binary_to_json(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 23], &ints),
+            json!([])
+        );
+        assert_eq!(
+            binary_to_json(&arr[..arr.len() - 1], &ints),
+            json!(BASE64.encode(&arr[..arr.len() - 1]))
+        );
     }
 }
