@@ -2,32 +2,16 @@
 # Sourced, not run.
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-work=$(mktemp -d /tmp/walbridge-bench.XXXXXX)
-chmod 755 "$work"
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-as_server() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
-[ "$(id -u)" = 0 ] && chown postgres "$work"
+source "$here/scripts/throwaway-postgres.sh"
 
 bench_cleanup() {
   [ -n "${wb_pid:-}" ] && kill -9 "$wb_pid" 2>/dev/null || true
-  as_server pg_ctl -D "$work/data" -m immediate -w stop >/dev/null 2>&1 || true
-  rm -rf "$work"
+  stop_throwaway_postgres
 }
 trap bench_cleanup EXIT
 
 start_postgres() {
-  as_server initdb -D "$work/data" -U postgres -A trust -E UTF8 --locale=C >/dev/null
-  cat >> "$work/data/postgresql.conf" <<CONF
-wal_level = logical
-listen_addresses = '127.0.0.1'
-unix_socket_directories = '$work'
-port = $port
-max_wal_size = 8GB
-shared_buffers = 512MB
-synchronous_commit = off
-$*
-CONF
-  as_server pg_ctl -D "$work/data" -l "$work/data/server.log" -w start >/dev/null
+  start_throwaway_postgres "max_wal_size = 8GB" "shared_buffers = 512MB" "synchronous_commit = off" "$@"
 }
 
 psql_db() { local db=$1; shift; psql -X -q -A -t -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d "$db" "$@"; }

@@ -9,18 +9,11 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
-work=$(mktemp -d /tmp/walbridge-quickstart.XXXXXX)
-chmod 755 "$work"
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-
-# The server refuses to run as root: use the postgres OS user then.
-as_server() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
-if [ "$(id -u)" = 0 ]; then chown postgres "$work"; fi
+source "$here/scripts/throwaway-postgres.sh"
 
 cleanup() {
   [ -n "${writer:-}" ] && kill "$writer" 2>/dev/null || true
-  as_server pg_ctl -D "$work/data" -m fast -w stop >/dev/null 2>&1 || true
-  rm -rf "$work"
+  stop_throwaway_postgres
 }
 trap cleanup EXIT
 
@@ -31,14 +24,7 @@ fi
 bin="${WALBRIDGE_BIN:-$here/target/release/walbridge}"
 
 echo "quickstart: starting PostgreSQL on 127.0.0.1:$port (data in $work)" >&2
-as_server initdb -D "$work/data" -U postgres -A trust -E UTF8 --locale=C >/dev/null
-cat >> "$work/data/postgresql.conf" <<CONF
-wal_level = logical
-listen_addresses = '127.0.0.1'
-unix_socket_directories = '$work'
-port = $port
-CONF
-as_server pg_ctl -D "$work/data" -l "$work/data/server.log" -w start >/dev/null
+start_throwaway_postgres
 
 sql() { psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d shop "$@"; }
 psql -X -q -h 127.0.0.1 -p "$port" -U postgres -d postgres -c "CREATE DATABASE shop"
