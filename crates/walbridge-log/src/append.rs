@@ -1,0 +1,144 @@
+//! Turning a source's events into log records.
+
+use std::sync::Arc;
+
+use walbridge_core::{Change, Lsn, SnapshotBatch, SourceEvent, TransactionInfo};
+
+use crate::error::LogError;
+use crate::log::Log;
+use crate::record::RecordEncoder;
+use crate::writer::LogWriter;
+
+/// A transaction's changes are written in chunks of about this many bytes,
+/// so memory stays bounded however large the transaction.
+pub const MAX_CHUNK_BYTES: usize = 1 << 20;
+
+/// The transaction being appended.
+struct OpenTransaction {
+    info: Arc<TransactionInfo>,
+    /// No chunk of it has been written yet.
+    first: bool,
+    changes: Vec<Change>,
+    bytes: usize,
+}
+
+/// Appends a source's events to its log: one record per small transaction,
+/// contiguous chunks for a large one, snapshot rows in bounded records.
+pub struct Appender {
+    writer: LogWriter,
+    encoder: RecordEncoder,
+    open: Option<OpenTransaction>,
+}
+
+impl Appender {
+    /// Appends through `writer`.
+    pub fn new(writer: LogWriter) -> Self {
+        Appender {
+            writer,
+            encoder: RecordEncoder::default(),
+            open: None,
+        }
+    }
+
+    /// The log appended to.
+    pub fn log(&self) -> Log {
+        self.writer.log()
+    }
+
+    /// The LSN recorded for a non-transactional message at `lsn`: just past
+    /// it, so that "skip what ends at or before the log's last LSN" skips
+    /// the message itself after a restart but nothing that follows it.
+    pub fn message_lsn(lsn: Lsn) -> Lsn {
+        Lsn(lsn.0.saturating_add(1))
+    }
+
+    /// Appends one event. Events must come as a source emits them: a
+    /// transaction's changes between its `Begin` and `Commit`.
+    pub async fn append(&mut self, event: SourceEvent) -> Result<(), LogError> {
+        match event {
+            SourceEvent::Begin(info) => {
+                self.open = Some(OpenTransaction {
+                    info,
+                    first: true,
+                    changes: Vec::new(),
+                    bytes: 0,
+                });
+            }
+            SourceEvent::Change(change) => {
+                let Some(open) = self.open.as_mut() else {
+                    return Err(LogError::WriterStopped(
+                        "a change arrived outside a transaction".into(),
+                    ));
+                };
+                open.bytes += change.approximate_size();
+                open.changes.push(change);
+                if open.bytes >= MAX_CHUNK_BYTES {
+                    self.write_chunk(false).await?;
+                }
+            }
+            SourceEvent::Commit(_) => self.write_chunk(true).await?,
+            SourceEvent::Snapshot(batch) => self.write_snapshot(batch).await?,
+            SourceEvent::SnapshotComplete { consistent_point } => {
+                let payload = self.encoder.snapshot_complete(consistent_point);
+                self.writer.append(payload, consistent_point, true).await?;
+            }
+            SourceEvent::Message(m) => {
+                let payload = self.encoder.message(&m);
+                self.writer
+                    .append(payload, Self::message_lsn(m.lsn), true)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn write_chunk(&mut self, last: bool) -> Result<(), LogError> {
+        let Some(open) = self.open.as_mut() else {
+            return Err(LogError::WriterStopped(
+                "a commit arrived outside a transaction".into(),
+            ));
+        };
+        let payload = self
+            .encoder
+            .transaction(&open.info, open.first, last, &open.changes);
+        let lsn = open.info.end_lsn;
+        open.first = false;
+        open.changes.clear();
+        open.bytes = 0;
+        if last {
+            self.open = None;
+        }
+        self.writer.append(payload, lsn, last).await
+    }
+
+    async fn write_snapshot(&mut self, batch: SnapshotBatch) -> Result<(), LogError> {
+        let mut rows = Vec::new();
+        let mut bytes = 0;
+        let SnapshotBatch {
+            relation,
+            rows: all,
+            consistent_point,
+        } = batch;
+        let count = all.len();
+        for (i, row) in all.into_iter().enumerate() {
+            bytes += row.iter().map(|d| d.len() + 8).sum::<usize>();
+            rows.push(row);
+            if bytes >= MAX_CHUNK_BYTES || i + 1 == count {
+                let chunk = SnapshotBatch {
+                    relation: relation.clone(),
+                    rows: std::mem::take(&mut rows),
+                    consistent_point,
+                };
+                let payload = self.encoder.snapshot(&chunk);
+                self.writer.append(payload, consistent_point, true).await?;
+                bytes = 0;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes and fsyncs everything appended, then stops the writer.
+    pub async fn close(self) -> Result<(), LogError> {
+        self.writer.close().await
+    }
+}

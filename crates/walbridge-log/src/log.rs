@@ -1,0 +1,551 @@
+//! The log of one source: opening and recovery, shared state, cursors and retention.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::watch;
+use walbridge_core::Lsn;
+
+use crate::error::LogError;
+use crate::frame::FrameError;
+use crate::reader::LogReader;
+use crate::segment::{
+    self, IndexBuilder, IndexEntry, SEGMENT_HEADER_LEN, ScanError, index_path, segment_path,
+};
+use crate::writer::{LogWriter, WRITE_BATCH};
+
+/// When appended records are fsynced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FsyncPolicy {
+    /// Before an append is acknowledged (group commit shares one fsync
+    /// among every append waiting at the time). Nothing acknowledged is
+    /// lost, whatever fails.
+    Always,
+    /// Appends are acknowledged once written to the operating system and
+    /// fsynced every interval: a process crash loses nothing, a power
+    /// failure or kernel crash may lose the last interval.
+    Interval(Duration),
+}
+
+/// What to do when the log reaches `max_size` because a sink is behind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WhenFull {
+    /// Stop accepting appends until the sinks catch up; the source stops
+    /// reading, and the publisher's slot retains WAL meanwhile.
+    Block,
+    /// Give up on the slowest sinks: their cursors are dropped (the sink
+    /// needs a fresh snapshot) and the space is reclaimed.
+    DropSink,
+}
+
+/// How a log is kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogOptions {
+    /// A new segment is started once the current one reaches this size.
+    pub segment_size: u64,
+    /// When appends are fsynced.
+    pub fsync: FsyncPolicy,
+    /// Keep segments every cursor has passed for at least this long (for replay).
+    pub retention_time: Option<Duration>,
+    /// Keep up to this many bytes of segments every cursor has passed.
+    pub retention_size: Option<u64>,
+    /// The most the log may hold.
+    pub max_size: Option<u64>,
+    /// What happens at `max_size`.
+    pub when_full: WhenFull,
+}
+
+impl Default for LogOptions {
+    fn default() -> Self {
+        LogOptions {
+            segment_size: 64 << 20,
+            fsync: FsyncPolicy::Always,
+            retention_time: None,
+            retention_size: None,
+            max_size: None,
+            when_full: WhenFull::Block,
+        }
+    }
+}
+
+/// How far the log can be read: everything before `next_seq` is durable
+/// (per the fsync policy) and made of complete units.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Head {
+    /// One past the last readable record.
+    pub next_seq: u64,
+    /// The segment holding the end of the readable records.
+    pub segment: u64,
+    /// The byte offset in that segment where readable records end.
+    pub end: u64,
+    /// The LSN of the last readable record: the source resumes after it.
+    pub last_lsn: Lsn,
+}
+
+/// What the log knows about one segment.
+#[derive(Clone, Debug)]
+pub(crate) struct Segment {
+    /// Bytes written (the file may be longer while a write is in progress).
+    pub len: u64,
+    /// One past its last record.
+    pub next_seq: u64,
+    /// The sparse index.
+    pub index: Vec<IndexEntry>,
+    /// When it was last written.
+    pub modified: SystemTime,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    /// By base sequence number; the last one is being written.
+    pub segments: BTreeMap<u64, Segment>,
+    /// Each cursor's position: the next record it will read.
+    cursors: HashMap<String, u64>,
+    /// Cursors dropped because the log was full.
+    dropped: HashSet<String>,
+}
+
+impl State {
+    pub(crate) fn total_size(&self) -> u64 {
+        self.segments.values().map(|s| s.len).sum()
+    }
+
+    fn first_seq(&self) -> u64 {
+        self.segments.keys().next().copied().unwrap_or(0)
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub dir: PathBuf,
+    pub options: LogOptions,
+    state: Mutex<State>,
+    pub head: watch::Sender<Head>,
+    /// Total bytes in the log.
+    pub size: watch::Sender<u64>,
+}
+
+impl Shared {
+    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain data behind; go on with it.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A source's durable, transaction-ordered log. Cheap to clone; every clone
+/// is the same log.
+#[derive(Clone, Debug)]
+pub struct Log {
+    pub(crate) shared: Arc<Shared>,
+}
+
+/// What opening the log had to repair.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Bytes of torn or incomplete records removed from the end.
+    pub truncated_bytes: u64,
+    /// Records removed: a torn frame, or chunks of a transaction whose last chunk was never written.
+    pub removed_records: u64,
+}
+
+impl Log {
+    /// Opens (creating if needed) the log in `dir`, repairing a torn tail,
+    /// and starts its writer.
+    pub fn open(dir: &Path, options: LogOptions) -> Result<(Log, LogWriter, Recovery), LogError> {
+        std::fs::create_dir_all(dir).map_err(LogError::io("create", dir))?;
+        let mut bases = list_segments(dir)?;
+        let mut recovery = Recovery::default();
+        let mut segments = BTreeMap::new();
+        if bases.is_empty() {
+            create_segment(dir, 0, Lsn::ZERO)?;
+            bases.push(0);
+        }
+        let (tail, last_lsn) = recover_tail(dir, &mut bases, &options, &mut recovery)?;
+        for (i, &base) in bases.iter().enumerate() {
+            let path = segment_path(dir, base);
+            let meta = std::fs::metadata(&path).map_err(LogError::io("stat", &path))?;
+            let next_seq = bases.get(i + 1).copied().unwrap_or(tail.next_seq);
+            let index = if i + 1 == bases.len() {
+                tail.index.entries.clone()
+            } else {
+                sealed_index(dir, base, meta.len())?
+            };
+            segments.insert(
+                base,
+                Segment {
+                    len: meta.len(),
+                    next_seq,
+                    index,
+                    modified: meta.modified().unwrap_or_else(|_| SystemTime::now()),
+                },
+            );
+        }
+        let active = *bases.last().unwrap_or(&0);
+        let head = Head {
+            next_seq: tail.next_seq,
+            segment: active,
+            end: tail.valid_end,
+            last_lsn,
+        };
+        let state = State {
+            segments,
+            ..State::default()
+        };
+        let size = state.total_size();
+        let shared = Arc::new(Shared {
+            dir: dir.to_owned(),
+            options,
+            state: Mutex::new(state),
+            head: watch::Sender::new(head),
+            size: watch::Sender::new(size),
+        });
+        let writer = LogWriter::start(shared.clone(), active, tail.valid_end, tail.index, head)?;
+        Ok((Log { shared }, writer, recovery))
+    }
+
+    /// The log's directory.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// How far the log can be read now.
+    pub fn head(&self) -> Head {
+        *self.shared.head.borrow()
+    }
+
+    /// Follows the readable end of the log.
+    pub fn subscribe(&self) -> watch::Receiver<Head> {
+        self.shared.head.subscribe()
+    }
+
+    /// The oldest record still held.
+    pub fn first_seq(&self) -> u64 {
+        self.shared.state().first_seq()
+    }
+
+    /// Bytes held on disk.
+    pub fn size(&self) -> u64 {
+        *self.shared.size.borrow()
+    }
+
+    /// A reader positioned at record `seq`.
+    pub fn reader(&self, seq: u64) -> Result<LogReader, LogError> {
+        LogReader::open(self.shared.clone(), seq)
+    }
+
+    /// The position of the first record whose LSN is after `lsn`: where a
+    /// consumer that has applied everything up to `lsn` resumes.
+    pub fn seq_after_lsn(&self, lsn: Lsn) -> Result<u64, LogError> {
+        let head = self.head();
+        if lsn >= head.last_lsn {
+            return Ok(head.next_seq);
+        }
+        let (base, entry) = {
+            let state = self.shared.state();
+            let mut found = None;
+            for (&base, seg) in &state.segments {
+                match seg.index.first() {
+                    Some(first) if first.lsn <= lsn => {
+                        found = segment::lookup_lsn(&seg.index, lsn).map(|e| (base, e))
+                    }
+                    Some(_) => break,
+                    None => {}
+                }
+            }
+            match found {
+                Some(f) => f,
+                None => return Ok(state.first_seq()),
+            }
+        };
+        let mut reader = LogReader::open_at(self.shared.clone(), base, entry.pos, entry.seq)?;
+        while let Some(header) = reader.next_header()? {
+            if header.lsn > lsn {
+                return Ok(header.seq);
+            }
+        }
+        Ok(head.next_seq)
+    }
+
+    /// Registers a cursor at `seq`, holding back retention for it. A
+    /// cursor that was dropped because the log was full stays dropped.
+    pub fn register_cursor(&self, name: &str, seq: u64) {
+        let mut state = self.shared.state();
+        if !state.dropped.contains(name) {
+            state.cursors.insert(name.to_owned(), seq);
+        }
+    }
+
+    /// Records that cursor `name` durably reached `seq`, and removes what
+    /// no cursor needs any more.
+    pub fn advance_cursor(&self, name: &str, seq: u64) -> Result<(), LogError> {
+        {
+            let mut state = self.shared.state();
+            match state.cursors.get_mut(name) {
+                Some(at) => *at = (*at).max(seq),
+                None => return Ok(()),
+            }
+        }
+        self.collect()
+    }
+
+    /// True once cursor `name` has been dropped because the log was full.
+    pub fn is_dropped(&self, name: &str) -> bool {
+        self.shared.state().dropped.contains(name)
+    }
+
+    /// Deletes segments that every cursor has passed and retention does not
+    /// keep; at `max_size` with [`WhenFull::DropSink`], drops the slowest
+    /// cursors.
+    pub fn collect(&self) -> Result<(), LogError> {
+        let options = &self.shared.options;
+        let mut state = self.shared.state();
+        let now = SystemTime::now();
+        let mut total = state.total_size();
+        let newest = state.segments.keys().next_back().copied().unwrap_or(0);
+        let mut remove = Vec::new();
+        let mut kept_after = total;
+        let State {
+            segments,
+            cursors,
+            dropped,
+        } = &mut *state;
+        for (&base, seg) in segments.iter() {
+            if base == newest {
+                break;
+            }
+            // Without any cursor nobody has said what it needs: keep everything.
+            let behind_all = !cursors.is_empty() && cursors.values().all(|&c| c >= seg.next_seq);
+            kept_after -= seg.len;
+            let within_time = options
+                .retention_time
+                .is_some_and(|t| now.duration_since(seg.modified).unwrap_or_default() < t);
+            let within_size = options
+                .retention_size
+                .is_some_and(|s| kept_after + seg.len <= s);
+            let over_max = options.max_size.is_some_and(|m| total > m);
+            let retained = (within_time || within_size) && !over_max;
+            if behind_all && !retained {
+                remove.push(base);
+                total -= seg.len;
+                continue;
+            }
+            if !behind_all && over_max && options.when_full == WhenFull::DropSink {
+                let slow: Vec<String> = cursors
+                    .iter()
+                    .filter(|&(_, &c)| c < seg.next_seq)
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                for name in slow {
+                    tracing::error!(
+                        log = %self.shared.dir.display(),
+                        cursor = %name,
+                        max_size = options.max_size.unwrap_or_default(),
+                        "the log reached max_size: dropping the sink that is furthest behind; it needs a fresh snapshot"
+                    );
+                    cursors.remove(&name);
+                    dropped.insert(name);
+                }
+                remove.push(base);
+                total -= seg.len;
+                continue;
+            }
+            break;
+        }
+        for base in &remove {
+            state.segments.remove(base);
+        }
+        let size = state.total_size();
+        drop(state);
+        for base in remove {
+            let path = segment_path(&self.shared.dir, base);
+            std::fs::remove_file(&path).map_err(LogError::io("remove", &path))?;
+            let _ = std::fs::remove_file(index_path(&self.shared.dir, base));
+            tracing::debug!(segment = %path.display(), "removed log segment");
+        }
+        self.shared.size.send_replace(size);
+        Ok(())
+    }
+}
+
+fn list_segments(dir: &Path) -> Result<Vec<u64>, LogError> {
+    let mut bases = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(LogError::io("list", dir))? {
+        let entry = entry.map_err(LogError::io("list", dir))?;
+        if let Some(base) = entry
+            .file_name()
+            .to_str()
+            .and_then(segment::parse_segment_name)
+        {
+            bases.push(base);
+        }
+    }
+    bases.sort_unstable();
+    Ok(bases)
+}
+
+/// Creates an empty segment and makes it durable (file and directory entry).
+pub(crate) fn create_segment(dir: &Path, base: u64, start_lsn: Lsn) -> Result<File, LogError> {
+    let path = segment_path(dir, base);
+    let mut file = File::options()
+        .create_new(true)
+        .read(true)
+        .append(true)
+        .open(&path)
+        .map_err(LogError::io("create", &path))?;
+    file.write_all(&segment::header(start_lsn))
+        .map_err(LogError::io("write", &path))?;
+    file.sync_all().map_err(LogError::io("fsync", &path))?;
+    sync_dir(dir)?;
+    Ok(file)
+}
+
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), LogError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(LogError::io("fsync", dir))
+}
+
+fn sealed_index(dir: &Path, base: u64, len: u64) -> Result<Vec<IndexEntry>, LogError> {
+    let path = index_path(dir, base);
+    if let Some(entries) = segment::load_index(&path, base, len) {
+        return Ok(entries);
+    }
+    let seg = segment_path(dir, base);
+    let scan = segment::scan(&seg, base).map_err(|e| scan_error(&seg, e))?;
+    if let Some((offset, problem, _)) = scan.bad {
+        return Err(LogError::corrupt(seg, offset, problem));
+    }
+    let _ = segment::store_index(&path, &scan.index.entries);
+    Ok(scan.index.entries)
+}
+
+fn scan_error(path: &Path, e: ScanError) -> LogError {
+    match e {
+        ScanError::Io(source) => LogError::Io {
+            action: "read",
+            path: path.to_owned(),
+            source,
+        },
+        ScanError::Header(segment::HeaderProblem::NotASegment) => LogError::Segment {
+            path: path.to_owned(),
+            problem: "not a walbridge log segment (bad header)".into(),
+        },
+        ScanError::Header(segment::HeaderProblem::Version(v)) => LogError::Segment {
+            path: path.to_owned(),
+            problem: format!(
+                "layout version {v}, which this walbridge does not read (it reads {}); use the walbridge that wrote it",
+                segment::VERSION
+            ),
+        },
+        ScanError::Sequence {
+            offset,
+            expected,
+            found,
+        } => LogError::Corrupt {
+            path: path.to_owned(),
+            offset,
+            problem: format!("record {found} where record {expected} was expected"),
+        },
+    }
+}
+
+/// The state of the last segment after recovery.
+pub(crate) struct Tail {
+    pub next_seq: u64,
+    pub valid_end: u64,
+    pub index: IndexBuilder,
+}
+
+/// Scans the last segment, cuts a torn tail and any records of a unit that
+/// never completed (which may reach back into earlier segments), and
+/// returns the tail's state and the LSN of the last complete unit.
+fn recover_tail(
+    dir: &Path,
+    bases: &mut Vec<u64>,
+    options: &LogOptions,
+    recovery: &mut Recovery,
+) -> Result<(Tail, Lsn), LogError> {
+    let mut sealed = false;
+    loop {
+        let Some(&base) = bases.last() else {
+            return Err(LogError::Segment {
+                path: dir.to_owned(),
+                problem: "no segment left".into(),
+            });
+        };
+        let path = segment_path(dir, base);
+        let scan = segment::scan(&path, base).map_err(|e| scan_error(&path, e))?;
+        // Only the segment that was being written can have a torn end; one
+        // sealed by a roll was fsynced whole.
+        if let Some((offset, problem, declared)) = scan.bad
+            && (sealed || !is_torn_tail(options, scan.file_len - offset, declared, problem))
+        {
+            return Err(LogError::corrupt(path, offset, problem));
+        }
+        let (cut, next_seq, lsn) = match scan.last_unit_end {
+            Some(end) => end,
+            None if bases.len() > 1 => {
+                // Nothing in this segment completed: all of it belongs to a
+                // unit that started earlier (or it is empty).
+                recovery.truncated_bytes += scan.file_len - SEGMENT_HEADER_LEN;
+                recovery.removed_records += scan.next_seq - base;
+                std::fs::remove_file(&path).map_err(LogError::io("remove", &path))?;
+                let _ = std::fs::remove_file(index_path(dir, base));
+                bases.pop();
+                sealed = true;
+                continue;
+            }
+            None => (SEGMENT_HEADER_LEN, base, scan.start_lsn),
+        };
+        if cut < scan.file_len {
+            recovery.truncated_bytes += scan.file_len - cut;
+            recovery.removed_records += scan.next_seq - next_seq;
+            if scan.bad.is_some() {
+                recovery.removed_records += 1;
+            }
+            let file = File::options()
+                .write(true)
+                .open(&path)
+                .map_err(LogError::io("open", &path))?;
+            file.set_len(cut).map_err(LogError::io("truncate", &path))?;
+            file.sync_all().map_err(LogError::io("fsync", &path))?;
+        }
+        if recovery.truncated_bytes > 0 {
+            tracing::warn!(
+                log = %dir.display(),
+                bytes = recovery.truncated_bytes,
+                records = recovery.removed_records,
+                "removed the unfinished end of the log left by a crash (never acknowledged; the source sends it again)"
+            );
+        }
+        let mut index = scan.index;
+        index.truncate(cut);
+        return Ok((
+            Tail {
+                next_seq,
+                valid_end: cut,
+                index,
+            },
+            lsn,
+        ));
+    }
+}
+
+/// Whether a bad frame `remaining` bytes before the end of the last segment
+/// can be the torn end of a write cut short by a crash. With fsync
+/// `always`, no write reaches further than one write batch (or one frame,
+/// if larger) past the last fsync; damage further from the end is
+/// corruption. With `interval`, a power failure may tear any unsynced part.
+fn is_torn_tail(options: &LogOptions, remaining: u64, declared: u64, problem: FrameError) -> bool {
+    match options.fsync {
+        FsyncPolicy::Interval(_) => true,
+        FsyncPolicy::Always => {
+            matches!(problem, FrameError::Incomplete { .. })
+                || remaining <= (WRITE_BATCH as u64).max(declared)
+        }
+    }
+}

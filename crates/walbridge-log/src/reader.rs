@@ -1,0 +1,245 @@
+//! Reading a log from any position, record by record.
+
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+use walbridge_core::Lsn;
+
+use crate::error::LogError;
+use crate::frame::{self, FrameError, FrameHeader, HEADER_LEN};
+use crate::log::{Head, Shared};
+use crate::record::{self, Entry};
+use crate::segment::{self, SEGMENT_HEADER_LEN, segment_path};
+
+/// One record read from the log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadRecord {
+    /// Its position.
+    pub seq: u64,
+    /// Its LSN (the source's resume point after it).
+    pub lsn: Lsn,
+    /// True when it completes a unit: a consumer's cursor may stop after it.
+    pub unit_end: bool,
+    /// Bytes it occupies in the log.
+    pub size: u64,
+    /// What it holds.
+    pub entry: Entry,
+}
+
+/// Reads records in order, never past the readable end ([`Head`]). Memory
+/// is one record plus a read buffer, whatever the log's size.
+#[derive(Debug)]
+pub struct LogReader {
+    shared: Arc<Shared>,
+    head: watch::Receiver<Head>,
+    base: u64,
+    path: PathBuf,
+    file: BufReader<File>,
+    pos: u64,
+    next_seq: u64,
+}
+
+impl LogReader {
+    pub(crate) fn open(shared: Arc<Shared>, seq: u64) -> Result<Self, LogError> {
+        let head = *shared.head.borrow();
+        let (base, entry) = {
+            let state = shared.state();
+            let first = state.segments.keys().next().copied().unwrap_or(0);
+            if seq < first || seq > head.next_seq {
+                return Err(LogError::Gone {
+                    dir: shared.dir.clone(),
+                    seq,
+                    first,
+                });
+            }
+            let (&base, seg) =
+                state
+                    .segments
+                    .range(..=seq)
+                    .next_back()
+                    .ok_or_else(|| LogError::Gone {
+                        dir: shared.dir.clone(),
+                        seq,
+                        first,
+                    })?;
+            (base, segment::lookup(&seg.index, seq))
+        };
+        let (pos, at) = entry.map_or((SEGMENT_HEADER_LEN, base), |e| (e.pos, e.seq));
+        let mut reader = Self::open_at(shared, base, pos, at)?;
+        while reader.next_seq < seq {
+            if reader.next_header()?.is_none() {
+                break;
+            }
+        }
+        Ok(reader)
+    }
+
+    pub(crate) fn open_at(
+        shared: Arc<Shared>,
+        base: u64,
+        pos: u64,
+        seq: u64,
+    ) -> Result<Self, LogError> {
+        let path = segment_path(&shared.dir, base);
+        let file = segment::open_at(&path, pos).map_err(LogError::io("open", &path))?;
+        Ok(LogReader {
+            head: shared.head.subscribe(),
+            shared,
+            base,
+            path,
+            file,
+            pos,
+            next_seq: seq,
+        })
+    }
+
+    /// The position of the next record to read.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Waits until there is something new to read.
+    pub async fn wait(&mut self) {
+        let next = self.next_seq;
+        // The sender lives as long as the log; it never closes while we hold it.
+        let _ = self.head.wait_for(|h| h.next_seq > next).await;
+    }
+
+    /// The next record, or `None` when everything readable has been read.
+    pub fn try_next(&mut self) -> Result<Option<ReadRecord>, LogError> {
+        let Some((header, header_bytes)) = self.read_header()? else {
+            return Ok(None);
+        };
+        let mut payload = vec![0u8; header.len as usize];
+        self.file
+            .read_exact(&mut payload)
+            .map_err(LogError::io("read", &self.path))?;
+        self.check(&header, &header_bytes, &payload)?;
+        let entry = record::decode(Bytes::from(payload)).map_err(|source| LogError::Record {
+            path: self.path.clone(),
+            seq: header.seq,
+            source,
+        })?;
+        self.pos += header.frame_len();
+        self.next_seq += 1;
+        Ok(Some(ReadRecord {
+            seq: header.seq,
+            lsn: header.lsn,
+            unit_end: header.unit_end,
+            size: header.frame_len(),
+            entry,
+        }))
+    }
+
+    /// Reads and verifies the next frame without decoding it.
+    pub(crate) fn next_header(&mut self) -> Result<Option<FrameHeader>, LogError> {
+        let Some((header, header_bytes)) = self.read_header()? else {
+            return Ok(None);
+        };
+        let mut payload = vec![0u8; header.len as usize];
+        self.file
+            .read_exact(&mut payload)
+            .map_err(LogError::io("read", &self.path))?;
+        self.check(&header, &header_bytes, &payload)?;
+        self.pos += header.frame_len();
+        self.next_seq += 1;
+        Ok(Some(header))
+    }
+
+    fn check(
+        &self,
+        header: &FrameHeader,
+        header_bytes: &[u8],
+        payload: &[u8],
+    ) -> Result<(), LogError> {
+        let (_, crc) = frame::parse_header(header_bytes)
+            .map_err(|e| LogError::corrupt(&self.path, self.pos, e))?;
+        frame::verify_parts(header_bytes, payload, crc)
+            .map_err(|e| LogError::corrupt(&self.path, self.pos, e))?;
+        if header.seq != self.next_seq {
+            return Err(LogError::Corrupt {
+                path: self.path.clone(),
+                offset: self.pos,
+                problem: format!(
+                    "record {} where record {} was expected",
+                    header.seq, self.next_seq
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads the header of the next readable frame, moving to the next
+    /// segment at the end of one.
+    fn read_header(&mut self) -> Result<Option<(FrameHeader, [u8; HEADER_LEN])>, LogError> {
+        let head = *self.head.borrow_and_update();
+        if self.next_seq >= head.next_seq {
+            return Ok(None);
+        }
+        loop {
+            let limit = if self.base == head.segment {
+                head.end
+            } else {
+                let state = self.shared.state();
+                match state.segments.get(&self.base) {
+                    Some(seg) => seg.len,
+                    // Removed by retention while open: the open file still reads.
+                    None => self.file.get_ref().metadata().map_or(0, |m| m.len()),
+                }
+            };
+            if self.pos < limit {
+                break;
+            }
+            self.next_segment()?;
+        }
+        let mut bytes = [0u8; HEADER_LEN];
+        self.file
+            .read_exact(&mut bytes)
+            .map_err(LogError::io("read", &self.path))?;
+        let (header, _) =
+            frame::parse_header(&bytes).map_err(|e| LogError::corrupt(&self.path, self.pos, e))?;
+        Ok(Some((header, bytes)))
+    }
+
+    fn next_segment(&mut self) -> Result<(), LogError> {
+        let base = self.next_seq;
+        let exists = self.shared.state().segments.contains_key(&base);
+        if !exists {
+            let first = self
+                .shared
+                .state()
+                .segments
+                .keys()
+                .next()
+                .copied()
+                .unwrap_or(0);
+            return Err(if base < first {
+                LogError::Gone {
+                    dir: self.shared.dir.clone(),
+                    seq: base,
+                    first,
+                }
+            } else {
+                LogError::corrupt(
+                    &self.path,
+                    self.pos,
+                    FrameError::Incomplete {
+                        needed: HEADER_LEN as u64,
+                        available: 0,
+                    },
+                )
+            });
+        }
+        let path = segment_path(&self.shared.dir, base);
+        self.file =
+            segment::open_at(&path, SEGMENT_HEADER_LEN).map_err(LogError::io("open", &path))?;
+        self.path = path;
+        self.base = base;
+        self.pos = SEGMENT_HEADER_LEN;
+        Ok(())
+    }
+}

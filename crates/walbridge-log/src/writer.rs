@@ -1,0 +1,357 @@
+//! The single writer of a log: group commit and segment rolling.
+//!
+//! Appends queue up while the previous write and fsync are in progress;
+//! the writer thread then takes everything queued (up to [`WRITE_BATCH`]
+//! bytes), writes it with one `write` and makes it durable with one
+//! `fdatasync`. Readers and the source see records only once they are
+//! durable and their unit (transaction) is complete.
+
+use std::fs::File;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime};
+
+use tokio::sync::{Semaphore, mpsc};
+use walbridge_core::Lsn;
+
+use crate::error::LogError;
+use crate::frame;
+use crate::log::{FsyncPolicy, Head, Log, Segment, Shared, WhenFull, create_segment, sync_dir};
+use crate::segment::{self, IndexBuilder, SEGMENT_HEADER_LEN, index_path, segment_path};
+
+/// The most bytes written between two fsyncs (a larger single record is written alone).
+pub const WRITE_BATCH: usize = 8 << 20;
+
+/// Records queued before `append` waits.
+const QUEUE: usize = 4096;
+
+/// Bytes queued before `append` waits: bounds the writer's memory whatever
+/// the record sizes.
+const QUEUE_BYTES: usize = 32 << 20;
+
+enum Command {
+    Append {
+        payload: Vec<u8>,
+        lsn: Lsn,
+        unit_end: bool,
+        /// Queue bytes to give back once written.
+        permits: u32,
+    },
+    /// Time for an `interval` fsync.
+    Sync,
+}
+
+/// Appends to a log. There is one per log; appends are applied in the
+/// order they are made.
+#[derive(Debug)]
+pub struct LogWriter {
+    commands: mpsc::Sender<Command>,
+    thread: Option<std::thread::JoinHandle<Result<(), LogError>>>,
+    shared: Arc<Shared>,
+    failure: Arc<Mutex<Option<String>>>,
+    queued: Arc<Semaphore>,
+}
+
+impl LogWriter {
+    pub(crate) fn start(
+        shared: Arc<Shared>,
+        base: u64,
+        len: u64,
+        index: IndexBuilder,
+        head: Head,
+    ) -> Result<Self, LogError> {
+        let path = segment_path(&shared.dir, base);
+        let file = File::options()
+            .append(true)
+            .open(&path)
+            .map_err(LogError::io("open", &path))?;
+        let (tx, rx) = mpsc::channel(QUEUE);
+        if let FsyncPolicy::Interval(every) = shared.options.fsync {
+            let weak = tx.downgrade();
+            std::thread::Builder::new()
+                .name("walbridge-log-sync".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(every);
+                        let Some(tx) = weak.upgrade() else { return };
+                        if tx.blocking_send(Command::Sync).is_err() {
+                            return;
+                        }
+                    }
+                })
+                .map_err(LogError::io("start a thread for", &shared.dir))?;
+        }
+        let failure = Arc::new(Mutex::new(None));
+        let queued = Arc::new(Semaphore::new(QUEUE_BYTES));
+        let mut thread = WriterThread {
+            queued: queued.clone(),
+            shared: shared.clone(),
+            file,
+            base,
+            len,
+            index,
+            published_index: 0,
+            next_seq: head.next_seq,
+            last_unit_lsn: head.last_lsn,
+            buffer: Vec::with_capacity(WRITE_BATCH + (1 << 20)),
+            unsynced: false,
+        };
+        let thread_failure = failure.clone();
+        let handle = std::thread::Builder::new()
+            .name("walbridge-log-writer".into())
+            .spawn(move || {
+                let result = thread.run(rx);
+                if let Err(e) = &result {
+                    tracing::error!(log = %thread.shared.dir.display(), "log writer failed: {e}");
+                    *thread_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                }
+                result
+            })
+            .map_err(LogError::io("start a thread for", &shared.dir))?;
+        Ok(LogWriter {
+            commands: tx,
+            thread: Some(handle),
+            shared,
+            failure,
+            queued,
+        })
+    }
+
+    /// The log written to.
+    pub fn log(&self) -> Log {
+        Log {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Queues a record. `unit_end` marks the last record of a unit (a
+    /// transaction's last chunk, or a record on its own); readers see a unit
+    /// only once all of it is durable. Waits while the queue is full, and,
+    /// with `when_full = block`, while the log is at `max_size`.
+    pub async fn append(&self, payload: Vec<u8>, lsn: Lsn, unit_end: bool) -> Result<(), LogError> {
+        if let (Some(max), WhenFull::Block) =
+            (self.shared.options.max_size, self.shared.options.when_full)
+        {
+            let mut size = self.shared.size.subscribe();
+            let queued = || (QUEUE_BYTES - self.queued.available_permits()) as u64;
+            let full = *size.borrow_and_update() + queued() > max;
+            if full {
+                tracing::warn!(
+                    log = %self.shared.dir.display(),
+                    max_size = max,
+                    "the log is at max_size because a sink is behind: not reading from the source until it catches up"
+                );
+                // The sender lives in `shared`, so this only ends when space is freed.
+                let _ = size.wait_for(|s| *s + queued() <= max).await;
+                tracing::info!(log = %self.shared.dir.display(), "the log has room again");
+            }
+        }
+        let permits = payload.len().clamp(1, QUEUE_BYTES) as u32;
+        self.queued
+            .acquire_many(permits)
+            .await
+            .map_err(|_| self.stopped())?
+            .forget();
+        self.commands
+            .send(Command::Append {
+                payload,
+                lsn,
+                unit_end,
+                permits,
+            })
+            .await
+            .map_err(|_| self.stopped())
+    }
+
+    fn stopped(&self) -> LogError {
+        let failure = self
+            .failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        LogError::WriterStopped(failure.unwrap_or_else(|| "it was closed".into()))
+    }
+
+    /// Writes and fsyncs everything queued, then stops the writer.
+    pub async fn close(self) -> Result<(), LogError> {
+        let LogWriter {
+            commands, thread, ..
+        } = self;
+        drop(commands);
+        let Some(thread) = thread else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || thread.join())
+            .await
+            .map_err(|e| LogError::WriterStopped(e.to_string()))?
+            .map_err(|_| LogError::WriterStopped("the writer thread panicked".into()))?
+    }
+}
+
+struct WriterThread {
+    shared: Arc<Shared>,
+    queued: Arc<Semaphore>,
+    file: File,
+    base: u64,
+    /// Bytes in the segment, including those buffered.
+    len: u64,
+    index: IndexBuilder,
+    /// Index entries already copied to the shared state.
+    published_index: usize,
+    next_seq: u64,
+    last_unit_lsn: Lsn,
+    buffer: Vec<u8>,
+    unsynced: bool,
+}
+
+impl WriterThread {
+    fn run(&mut self, mut commands: mpsc::Receiver<Command>) -> Result<(), LogError> {
+        let mut last_sync = Instant::now();
+        while let Some(first) = commands.blocking_recv() {
+            let mut sync_due = false;
+            let mut head = None;
+            let mut released = 0;
+            let mut next = Some(first);
+            while let Some(command) = next.take() {
+                match command {
+                    Command::Append {
+                        payload,
+                        lsn,
+                        unit_end,
+                        permits,
+                    } => {
+                        if let Some(h) = self.add(&payload, lsn, unit_end)? {
+                            head = Some(h);
+                        }
+                        released += permits as usize;
+                    }
+                    Command::Sync => sync_due = true,
+                }
+                if self.buffer.len() < WRITE_BATCH {
+                    next = commands.try_recv().ok();
+                }
+            }
+            self.write_buffer()?;
+            let sync = match self.shared.options.fsync {
+                FsyncPolicy::Always => true,
+                FsyncPolicy::Interval(every) => sync_due || last_sync.elapsed() >= every,
+            };
+            if sync && self.unsynced {
+                self.sync()?;
+                last_sync = Instant::now();
+            }
+            self.publish(head);
+            self.queued.add_permits(released);
+        }
+        self.write_buffer()?;
+        if self.unsynced {
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Frames a record into the buffer, rolling to a new segment first if
+    /// the current one is full. Returns the new head if the record ends a unit.
+    fn add(&mut self, payload: &[u8], lsn: Lsn, unit_end: bool) -> Result<Option<Head>, LogError> {
+        if self.len >= self.shared.options.segment_size && self.len > SEGMENT_HEADER_LEN {
+            self.roll()?;
+        }
+        let pos = self.len;
+        let before = self.buffer.len();
+        frame::encode(&mut self.buffer, self.next_seq, lsn, unit_end, payload);
+        self.len += (self.buffer.len() - before) as u64;
+        self.index.note(self.next_seq, pos, lsn);
+        self.next_seq += 1;
+        if !unit_end {
+            return Ok(None);
+        }
+        self.last_unit_lsn = lsn;
+        Ok(Some(Head {
+            next_seq: self.next_seq,
+            segment: self.base,
+            end: self.len,
+            last_lsn: lsn,
+        }))
+    }
+
+    fn write_buffer(&mut self) -> Result<(), LogError> {
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        self.file.write_all(&self.buffer).map_err(LogError::io(
+            "write",
+            segment_path(&self.shared.dir, self.base),
+        ))?;
+        self.buffer.clear();
+        self.unsynced = true;
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<(), LogError> {
+        self.file.sync_data().map_err(LogError::io(
+            "fsync",
+            segment_path(&self.shared.dir, self.base),
+        ))?;
+        self.unsynced = false;
+        Ok(())
+    }
+
+    /// Seals the current segment (written, fsynced, indexed) and starts the next.
+    fn roll(&mut self) -> Result<(), LogError> {
+        self.write_buffer()?;
+        self.sync()?;
+        let dir = self.shared.dir.clone();
+        if let Err(e) = segment::store_index(&index_path(&dir, self.base), &self.index.entries) {
+            tracing::warn!(
+                segment = self.base,
+                "cannot write the segment index (it is rebuilt when needed): {e}"
+            );
+        }
+        self.update_shared();
+        let base = self.next_seq;
+        self.file = create_segment(&dir, base, self.last_unit_lsn)?;
+        self.base = base;
+        self.len = SEGMENT_HEADER_LEN;
+        self.index = IndexBuilder::default();
+        self.published_index = 0;
+        self.update_shared();
+        sync_dir(&dir)?;
+        // A new segment may let retention (or max_size) remove an old one.
+        self.log().collect()
+    }
+
+    fn log(&self) -> Log {
+        Log {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Copies the current segment's length, end and new index entries to the shared state.
+    fn update_shared(&mut self) {
+        let size = {
+            let mut state = self.shared.state();
+            let segment = state.segments.entry(self.base).or_insert_with(|| Segment {
+                len: SEGMENT_HEADER_LEN,
+                next_seq: self.base,
+                index: Vec::new(),
+                modified: SystemTime::now(),
+            });
+            segment.len = self.len;
+            segment.next_seq = self.next_seq;
+            segment.modified = SystemTime::now();
+            segment
+                .index
+                .extend_from_slice(&self.index.entries[self.published_index..]);
+            self.published_index = self.index.entries.len();
+            state.total_size()
+        };
+        self.shared.size.send_replace(size);
+    }
+
+    fn publish(&mut self, head: Option<Head>) {
+        self.update_shared();
+        if let Some(head) = head {
+            self.shared.head.send_replace(head);
+        }
+    }
+}

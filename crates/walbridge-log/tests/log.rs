@@ -1,0 +1,386 @@
+//! The log against a real file system: appends, reads and seeks, crash
+//! recovery at every byte of the last record, corruption reports,
+//! cursors, retention and max_size.
+
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::Bytes;
+use walbridge_core::{LogicalMessage, Lsn};
+use walbridge_log::{
+    Entry, FsyncPolicy, Log, LogError, LogOptions, LogWriter, RecordEncoder, WhenFull,
+};
+
+fn ok<T, E: std::fmt::Display>(r: Result<T, E>) -> T {
+    r.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The payload of record `i`: a message whose content size varies.
+fn payload(i: u64) -> Vec<u8> {
+    let size = (i * 37 % 3000) as usize;
+    RecordEncoder::default().message(&LogicalMessage {
+        lsn: Lsn(i * 10),
+        transactional: false,
+        prefix: format!("r{i}"),
+        content: Bytes::from(vec![(i % 251) as u8; size]),
+    })
+}
+
+fn prefix(entry: &Entry) -> String {
+    match entry {
+        Entry::Message(m) => m.prefix.clone(),
+        other => panic!("unexpected record {other:?}"),
+    }
+}
+
+fn small_segments() -> LogOptions {
+    LogOptions {
+        segment_size: 32 * 1024,
+        ..LogOptions::default()
+    }
+}
+
+async fn append_all(writer: &LogWriter, range: std::ops::Range<u64>) {
+    for i in range {
+        ok(writer.append(payload(i), Lsn(i * 10 + 5), true).await);
+    }
+}
+
+async fn wait_for_head(log: &Log, next_seq: u64) {
+    let mut head = log.subscribe();
+    let waited = tokio::time::timeout(
+        Duration::from_secs(10),
+        head.wait_for(|h| h.next_seq >= next_seq),
+    )
+    .await;
+    assert!(waited.is_ok(), "head did not reach {next_seq}");
+}
+
+fn read_all(log: &Log, from: u64) -> Vec<(u64, String)> {
+    let mut reader = ok(log.reader(from));
+    let mut out = Vec::new();
+    while let Some(r) = ok(reader.try_next()) {
+        out.push((r.seq, prefix(&r.entry)));
+    }
+    out
+}
+
+fn segments(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = ok(std::fs::read_dir(dir))
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn records_read_back_in_order_from_any_position_across_segments() {
+    let dir = ok(tempfile::tempdir());
+    let (log, writer, _) = ok(Log::open(dir.path(), small_segments()));
+    append_all(&writer, 0..500).await;
+    wait_for_head(&log, 500).await;
+    assert!(segments(dir.path()).len() > 5, "segments rolled");
+    let all = read_all(&log, 0);
+    assert_eq!(all.len(), 500);
+    for (i, (seq, p)) in all.iter().enumerate() {
+        assert_eq!((*seq, p.as_str()), (i as u64, format!("r{i}").as_str()));
+    }
+    for from in [1, 17, 100, 255, 499, 500] {
+        let got = read_all(&log, from);
+        assert_eq!(got.len() as u64, 500 - from);
+        assert_eq!(got.first().map(|r| r.0), (from < 500).then_some(from));
+    }
+    assert_eq!(log.head().last_lsn, Lsn(499 * 10 + 5));
+    ok(writer.close().await);
+
+    // Reopened: same content, indexes loaded, appends continue.
+    let (log, writer, recovery) = ok(Log::open(dir.path(), small_segments()));
+    assert_eq!(recovery.truncated_bytes, 0);
+    assert_eq!(log.head().next_seq, 500);
+    append_all(&writer, 500..510).await;
+    wait_for_head(&log, 510).await;
+    assert_eq!(read_all(&log, 250).len(), 260);
+    ok(writer.close().await);
+}
+
+#[tokio::test]
+async fn seq_after_lsn_finds_where_a_consumer_resumes() {
+    let dir = ok(tempfile::tempdir());
+    let (log, writer, _) = ok(Log::open(dir.path(), small_segments()));
+    append_all(&writer, 0..300).await;
+    wait_for_head(&log, 300).await;
+    // Record i has LSN i*10+5.
+    assert_eq!(ok(log.seq_after_lsn(Lsn(0))), 0);
+    assert_eq!(ok(log.seq_after_lsn(Lsn(5))), 1);
+    assert_eq!(ok(log.seq_after_lsn(Lsn(1234))), 123);
+    assert_eq!(ok(log.seq_after_lsn(Lsn(1235))), 124);
+    assert_eq!(ok(log.seq_after_lsn(Lsn(2995))), 300);
+    assert_eq!(ok(log.seq_after_lsn(Lsn(1 << 40))), 300);
+    ok(writer.close().await);
+}
+
+/// Cutting the segment anywhere inside its last record must leave exactly
+/// the complete records before it, readable and appendable.
+#[tokio::test]
+async fn recovery_keeps_exactly_the_complete_records_at_every_cut() {
+    let dir = ok(tempfile::tempdir());
+    let original = dir.path().join("original");
+    let (log, writer, _) = ok(Log::open(&original, LogOptions::default()));
+    append_all(&writer, 0..20).await;
+    wait_for_head(&log, 20).await;
+    ok(writer.close().await);
+    let seg = segments(&original).remove(0);
+    let bytes = ok(std::fs::read(&seg));
+    let last_len = walbridge_log::frame::HEADER_LEN + payload(19).len();
+    let last_start = bytes.len() - last_len;
+    for cut in last_start..bytes.len() {
+        let copy = dir.path().join(format!("cut-{cut}"));
+        ok(std::fs::create_dir_all(&copy));
+        ok(std::fs::write(
+            copy.join(ok(seg.file_name().ok_or("no name"))),
+            &bytes[..cut],
+        ));
+        let (log, writer, recovery) = ok(Log::open(&copy, LogOptions::default()));
+        assert_eq!(log.head().next_seq, 19, "cut at {cut}");
+        assert_eq!(log.head().last_lsn, Lsn(18 * 10 + 5));
+        assert_eq!(recovery.truncated_bytes, (cut - last_start) as u64);
+        assert_eq!(read_all(&log, 0).len(), 19);
+        append_all(&writer, 19..21).await;
+        wait_for_head(&log, 21).await;
+        let all = read_all(&log, 0);
+        assert_eq!(all.last().map(|r| r.1.as_str()), Some("r20"));
+        ok(writer.close().await);
+        ok(std::fs::remove_dir_all(&copy));
+    }
+}
+
+#[tokio::test]
+async fn an_unfinished_transaction_is_removed_even_across_segments() {
+    let dir = ok(tempfile::tempdir());
+    let (log, writer, _) = ok(Log::open(dir.path(), small_segments()));
+    append_all(&writer, 0..10).await;
+    // Chunks of a unit that never gets its last chunk, spanning several segments.
+    for i in 10..200 {
+        ok(writer.append(payload(i), Lsn(9999), false).await);
+    }
+    ok(writer.close().await);
+    assert_eq!(
+        log.head().next_seq,
+        10,
+        "the unfinished unit is never readable"
+    );
+    assert!(segments(dir.path()).len() > 3);
+    let (log, writer, recovery) = ok(Log::open(dir.path(), small_segments()));
+    assert_eq!(recovery.removed_records, 190);
+    assert_eq!(log.head().next_seq, 10);
+    assert_eq!(log.head().last_lsn, Lsn(9 * 10 + 5));
+    append_all(&writer, 10..12).await;
+    wait_for_head(&log, 12).await;
+    assert_eq!(read_all(&log, 0).len(), 12);
+    ok(writer.close().await);
+}
+
+#[tokio::test]
+async fn damage_in_the_middle_is_an_error_naming_segment_and_offset() {
+    let dir = ok(tempfile::tempdir());
+    let (log, writer, _) = ok(Log::open(dir.path(), small_segments()));
+    append_all(&writer, 0..200).await;
+    wait_for_head(&log, 200).await;
+    ok(writer.close().await);
+    let first = segments(dir.path()).remove(0);
+    let mut bytes = ok(std::fs::read(&first));
+    let offset = 24 + walbridge_log::frame::HEADER_LEN + payload(0).len() + 40;
+    bytes[offset] ^= 0x55;
+    ok(std::fs::write(&first, &bytes));
+    let (log, writer, _) = ok(Log::open(dir.path(), small_segments()));
+    let mut reader = ok(log.reader(0));
+    assert!(ok(reader.try_next()).is_some());
+    let err = reader
+        .try_next()
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("corrupt"), "{err}");
+    assert!(err.contains(&first.display().to_string()), "{err}");
+    assert!(
+        err.contains(&format!(
+            "offset {}",
+            24 + walbridge_log::frame::HEADER_LEN + payload(0).len()
+        )),
+        "{err}"
+    );
+    ok(writer.close().await);
+}
+
+#[tokio::test]
+async fn damage_too_far_from_the_end_of_the_last_segment_is_not_taken_for_a_torn_write() {
+    let dir = ok(tempfile::tempdir());
+    let (log, writer, _) = ok(Log::open(dir.path(), LogOptions::default()));
+    let big = RecordEncoder::default().message(&LogicalMessage {
+        lsn: Lsn(1),
+        transactional: false,
+        prefix: "big".into(),
+        content: Bytes::from(vec![7u8; 100_000]),
+    });
+    for i in 0..120 {
+        ok(writer.append(big.clone(), Lsn(i), true).await);
+    }
+    wait_for_head(&log, 120).await;
+    ok(writer.close().await);
+    let seg = segments(dir.path()).remove(0);
+    let mut bytes = ok(std::fs::read(&seg));
+    bytes[24 + 100] ^= 1;
+    ok(std::fs::write(&seg, &bytes));
+    match Log::open(dir.path(), LogOptions::default()) {
+        Err(LogError::Corrupt { offset, .. }) => assert_eq!(offset, 24),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("corruption 12 MB before the end was taken for a torn write"),
+    }
+}
+
+#[tokio::test]
+async fn segments_behind_every_cursor_are_removed_and_retention_keeps_history() {
+    let dir = ok(tempfile::tempdir());
+    let (log, writer, _) = ok(Log::open(dir.path(), small_segments()));
+    log.register_cursor("a", 0);
+    log.register_cursor("b", 0);
+    append_all(&writer, 0..400).await;
+    wait_for_head(&log, 400).await;
+    let before = segments(dir.path()).len();
+    ok(log.advance_cursor("a", 400));
+    assert_eq!(segments(dir.path()).len(), before, "b still needs them");
+    ok(log.advance_cursor("b", 200));
+    let after = segments(dir.path()).len();
+    assert!(after < before);
+    assert!(log.first_seq() <= 200);
+    assert_eq!(read_all(&log, 200).len(), 200);
+    assert!(matches!(log.reader(0), Err(LogError::Gone { .. })));
+    ok(log.advance_cursor("b", 400));
+    assert_eq!(
+        segments(dir.path()).len(),
+        1,
+        "only the active segment is left"
+    );
+    assert_eq!(log.head().last_lsn, Lsn(399 * 10 + 5));
+    ok(writer.close().await);
+    // The resume LSN survives the removal of every record.
+    let (log, writer, _) = ok(Log::open(dir.path(), small_segments()));
+    assert_eq!(log.head().last_lsn, Lsn(399 * 10 + 5));
+    ok(writer.close().await);
+
+    let kept = ok(tempfile::tempdir());
+    let options = LogOptions {
+        retention_size: Some(100 * 1024),
+        ..small_segments()
+    };
+    let (log, writer, _) = ok(Log::open(kept.path(), options));
+    log.register_cursor("a", 0);
+    append_all(&writer, 0..400).await;
+    wait_for_head(&log, 400).await;
+    ok(log.advance_cursor("a", 400));
+    let size = log.size();
+    assert!(size <= 100 * 1024 + 32 * 1024 + 4096, "{size}");
+    assert!(size >= 60 * 1024, "history is kept for replay: {size}");
+    ok(writer.close().await);
+}
+
+#[tokio::test]
+async fn at_max_size_appends_block_until_the_slow_cursor_moves() {
+    let dir = ok(tempfile::tempdir());
+    let options = LogOptions {
+        max_size: Some(96 * 1024),
+        when_full: WhenFull::Block,
+        ..small_segments()
+    };
+    let (log, writer, _) = ok(Log::open(dir.path(), options));
+    log.register_cursor("slow", 0);
+    let appending = tokio::spawn(async move {
+        append_all(&writer, 0..300).await;
+        writer
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!appending.is_finished(), "appends stop at max_size");
+    let stuck_at = log.head().next_seq;
+    assert!(stuck_at < 300);
+    assert!(log.size() <= 96 * 1024 + 40 * 1024);
+    // The consumer catches up bit by bit; the appends go on.
+    while !appending.is_finished() {
+        let head = log.head().next_seq;
+        ok(log.advance_cursor("slow", head));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let writer = ok(appending.await);
+    wait_for_head(&log, 300).await;
+    ok(writer.close().await);
+}
+
+#[tokio::test]
+async fn at_max_size_drop_sink_gives_up_on_the_slow_cursor() {
+    let dir = ok(tempfile::tempdir());
+    let options = LogOptions {
+        max_size: Some(96 * 1024),
+        when_full: WhenFull::DropSink,
+        ..small_segments()
+    };
+    let (log, writer, _) = ok(Log::open(dir.path(), options));
+    log.register_cursor("slow", 0);
+    log.register_cursor("fast", 0);
+    for i in 0..400 {
+        ok(writer.append(payload(i), Lsn(i), true).await);
+        if i % 20 == 0 {
+            wait_for_head(&log, i + 1).await;
+            ok(log.advance_cursor("fast", i + 1));
+        }
+    }
+    wait_for_head(&log, 400).await;
+    ok(log.advance_cursor("fast", 400));
+    assert!(log.is_dropped("slow"));
+    assert!(!log.is_dropped("fast"));
+    assert!(log.size() <= 96 * 1024 + 40 * 1024, "{}", log.size());
+    ok(writer.close().await);
+}
+
+#[tokio::test]
+async fn interval_fsync_makes_appends_readable_at_once_and_survives_reopen() {
+    let dir = ok(tempfile::tempdir());
+    let options = LogOptions {
+        fsync: FsyncPolicy::Interval(Duration::from_millis(50)),
+        ..small_segments()
+    };
+    let (log, writer, _) = ok(Log::open(dir.path(), options.clone()));
+    append_all(&writer, 0..100).await;
+    wait_for_head(&log, 100).await;
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    ok(writer.close().await);
+    let (log, writer, recovery) = ok(Log::open(dir.path(), options));
+    assert_eq!(recovery.truncated_bytes, 0);
+    assert_eq!(read_all(&log, 0).len(), 100);
+    ok(writer.close().await);
+}
+
+#[tokio::test]
+async fn a_reader_waits_for_new_records() {
+    let dir = ok(tempfile::tempdir());
+    let (log, writer, _) = ok(Log::open(dir.path(), small_segments()));
+    let mut reader = ok(log.reader(0));
+    assert!(ok(reader.try_next()).is_none());
+    let follower = tokio::spawn(async move {
+        let mut seen = 0;
+        while seen < 50 {
+            match ok(reader.try_next()) {
+                Some(r) => {
+                    assert_eq!(r.seq, seen);
+                    seen += 1;
+                }
+                None => reader.wait().await,
+            }
+        }
+        seen
+    });
+    append_all(&writer, 0..50).await;
+    let seen = ok(tokio::time::timeout(Duration::from_secs(10), follower).await);
+    assert_eq!(ok(seen), 50);
+    ok(writer.close().await);
+}
