@@ -138,6 +138,21 @@ impl Deployment {
             .unwrap_or_else(|e| panic!("cannot run walbridge: {e}"))
     }
 
+    /// Bytes in the durable log of source `src` (segment files).
+    pub fn log_bytes(&self) -> u64 {
+        let dir = self.path().join("data/sources/src/log");
+        std::fs::read_dir(dir)
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok())
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "seg"))
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+
     /// walbridge's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.path().join("stderr.log")).unwrap_or_default()

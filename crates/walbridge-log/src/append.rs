@@ -24,6 +24,11 @@ struct OpenTransaction {
 
 /// Appends a source's events to its log: one record per small transaction,
 /// contiguous chunks for a large one, snapshot rows in bounded records.
+///
+/// The whole initial copy is one unit, ending with its `SnapshotComplete`
+/// record: readers see none of it until all of it is durable, and a copy
+/// cut short by a crash or a stop is removed from the log when it is
+/// reopened, so the copy that starts over is the only one sinks ever see.
 pub struct Appender {
     writer: LogWriter,
     encoder: RecordEncoder,
@@ -130,7 +135,7 @@ impl Appender {
                     consistent_point,
                 };
                 let payload = self.encoder.snapshot(&chunk);
-                self.writer.append(payload, consistent_point, true).await?;
+                self.writer.append(payload, consistent_point, false).await?;
                 bytes = 0;
             }
         }

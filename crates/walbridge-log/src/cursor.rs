@@ -14,11 +14,21 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::LogError;
 
+/// A position in one log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CursorPosition {
+    /// The log's identity ([`crate::Log::id`]): a position means nothing in
+    /// a log recreated since (after `walbridge drop`, say).
+    pub log: String,
+    /// The next record to read.
+    pub next: u64,
+}
+
 /// What a cursor file holds.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CursorState {
-    /// Per source: the next record to read from its log.
-    pub positions: BTreeMap<String, u64>,
+    /// Per source: where to go on reading its log.
+    pub positions: BTreeMap<String, CursorPosition>,
     /// The consumer's own resume data.
     #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
     pub consumer: serde_json::Value,
@@ -94,8 +104,15 @@ mod tests {
         assert_eq!(cursor.load().ok().flatten(), None);
         let mut state = CursorState::default();
         for i in 0..5u64 {
-            state.positions.insert("a".into(), i * 10);
-            state.positions.insert("b".into(), i);
+            for (source, next) in [("a", i * 10), ("b", i)] {
+                state.positions.insert(
+                    source.into(),
+                    CursorPosition {
+                        log: format!("log-{source}"),
+                        next,
+                    },
+                );
+            }
             state.consumer = serde_json::json!({ "output_len": i * 100 });
             cursor.store(&state).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(cursor.load().ok().flatten().as_ref(), Some(&state));

@@ -36,7 +36,7 @@ pub mod segment;
 mod writer;
 
 pub use append::{Appender, MAX_CHUNK_BYTES};
-pub use cursor::{CursorFile, CursorState};
+pub use cursor::{CursorFile, CursorPosition, CursorState};
 pub use error::LogError;
 pub use log::{FsyncPolicy, Head, Log, LogOptions, Recovery, WhenFull};
 pub use reader::{LogReader, ReadRecord};

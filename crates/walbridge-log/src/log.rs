@@ -122,6 +122,7 @@ impl State {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub dir: PathBuf,
+    pub id: String,
     pub options: LogOptions,
     state: Mutex<State>,
     pub head: watch::Sender<Head>,
@@ -157,6 +158,7 @@ impl Log {
     /// and starts its writer.
     pub fn open(dir: &Path, options: LogOptions) -> Result<(Log, LogWriter, Recovery), LogError> {
         std::fs::create_dir_all(dir).map_err(LogError::io("create", dir))?;
+        let id = log_id(dir)?;
         let mut bases = list_segments(dir)?;
         let mut recovery = Recovery::default();
         let mut segments = BTreeMap::new();
@@ -198,6 +200,7 @@ impl Log {
         let size = state.total_size();
         let shared = Arc::new(Shared {
             dir: dir.to_owned(),
+            id,
             options,
             state: Mutex::new(state),
             head: watch::Sender::new(head),
@@ -210,6 +213,12 @@ impl Log {
     /// The log's directory.
     pub fn dir(&self) -> &Path {
         &self.shared.dir
+    }
+
+    /// The log's identity, chosen when it was created: cursors record it
+    /// so that a position is never applied to a different log.
+    pub fn id(&self) -> &str {
+        &self.shared.id
     }
 
     /// How far the log can be read now.
@@ -369,6 +378,29 @@ impl Log {
         self.shared.size.send_replace(size);
         Ok(())
     }
+}
+
+/// Reads the log's identity, creating it (durably) for a new log.
+fn log_id(dir: &Path) -> Result<String, LogError> {
+    let path = dir.join("id");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_owned()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(LogError::io("read", &path)(e)),
+    }
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let id = format!("{nanos:x}-{:x}", std::process::id());
+    let tmp = dir.join("id.tmp");
+    let mut f = File::create(&tmp).map_err(LogError::io("create", &tmp))?;
+    f.write_all(id.as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(LogError::io("write", &tmp))?;
+    std::fs::rename(&tmp, &path).map_err(LogError::io("rename", &tmp))?;
+    sync_dir(dir)?;
+    Ok(id)
 }
 
 fn list_segments(dir: &Path) -> Result<Vec<u64>, LogError> {

@@ -134,6 +134,12 @@ pub struct SourceConfig {
     /// Seconds between status updates to the publisher (default 10).
     #[serde(default = "default_status_interval")]
     pub status_interval: u64,
+    /// Seconds between heartbeats: a tiny non-transactional logical message
+    /// (`pg_logical_emit_message`) that moves the slot forward on a
+    /// database whose published tables are quiet, and shows the source is
+    /// alive. Off unless set; the messages are not passed downstream.
+    #[serde(default)]
+    pub heartbeat_interval: Option<u64>,
 }
 
 impl SourceConfig {
@@ -193,6 +199,12 @@ impl SourceConfig {
         }
         if self.snapshot_workers == 0 {
             problems.push(format!("{}: must be at least 1", at("snapshot_workers")));
+        }
+        if self.heartbeat_interval == Some(0) {
+            problems.push(format!(
+                "{}: must be at least 1 second (leave it out to turn heartbeats off)",
+                at("heartbeat_interval")
+            ));
         }
         if self.status_interval == 0 {
             problems.push(format!(

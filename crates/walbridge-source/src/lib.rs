@@ -15,4 +15,4 @@ pub mod spill;
 pub mod wire;
 
 pub use config::SourceConfig;
-pub use source::{Source, SourceError, SourceStats};
+pub use source::{Downstream, HEARTBEAT_PREFIX, Source, SourceError, SourceStats};

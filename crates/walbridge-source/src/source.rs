@@ -2,21 +2,23 @@
 //!
 //! Positions reported to the publisher (the durability argument):
 //!
-//! * `flush` and `apply` = the end LSN of the last transaction every
-//!   consumer reported durable through the `flushed` watch. The publisher
-//!   may discard WAL before `flush`, so it never runs ahead of durability.
-//!   When nothing is open or undelivered, the keepalive's WAL end is
-//!   confirmed too, so an idle publication does not pin WAL.
+//! * `flush` = the end LSN of the last transaction downstream reported
+//!   durable through [`Downstream::durable`] (walbridge's log). The
+//!   publisher may discard WAL before `flush`, so it never runs ahead of
+//!   durability. When nothing is open or undelivered, the keepalive's WAL
+//!   end is confirmed too, so an idle publication does not pin WAL.
+//! * `apply` = what every consumer has applied ([`Downstream::applied`]),
+//!   which `synchronous_commit = remote_apply` waits for.
 //! * `flush` never passes the prepare of a two-phase transaction still
 //!   waiting for COMMIT PREPARED: after a restart, the publisher must send
 //!   its changes again.
 //! * `write` = the furthest position received.
 //!
-//! Within one process, a transaction is handed downstream at most once:
-//! after a reconnect the publisher resends everything after the confirmed
-//! position, and transactions ending at or before the last one emitted are
-//! skipped. Across a crash, transactions after the confirmed position are
-//! emitted again (consumers see them twice at most).
+//! Exactly once downstream: the publisher resends everything after the
+//! confirmed position (after a reconnect or a crash), and the source skips
+//! every transaction ending at or before [`Downstream::resume_after`] — the
+//! last position downstream already holds — or before the last one it
+//! emitted itself.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -118,6 +120,25 @@ enum CopyOutcome {
 /// Changes per batch handed downstream; a large transaction goes in several.
 const MAX_BATCH: usize = 256;
 
+/// Prefix of the logical messages the source emits as a heartbeat; they
+/// advance the slot on a quiet database and are not passed downstream.
+pub const HEARTBEAT_PREFIX: &str = "walbridge.heartbeat";
+
+/// Where a source's events go, and what it hears back.
+#[derive(Debug)]
+pub struct Downstream {
+    /// Event batches, in order.
+    pub events: mpsc::Sender<EventBatch>,
+    /// The LSN up to which what was sent is durable downstream.
+    pub durable: watch::Receiver<Lsn>,
+    /// The LSN up to which every consumer has applied what was sent.
+    pub applied: watch::Receiver<Lsn>,
+    /// The last position downstream already holds: transactions ending
+    /// at or before it are not sent again. For a non-transactional message
+    /// the position is just past its LSN.
+    pub resume_after: Lsn,
+}
+
 /// What the source remembers between runs (`data_dir/sources/<name>/state.json`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceState {
@@ -180,12 +201,13 @@ pub struct Source {
 }
 
 /// The positions the stream loop tracks.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Positions {
     received: Lsn,
     last_emitted_end: Lsn,
     keepalive_end: Lsn,
     reported_flush: Lsn,
+    applied: watch::Receiver<Lsn>,
 }
 
 impl Source {
@@ -213,6 +235,12 @@ impl Source {
     /// Live counters.
     pub fn stats(&self) -> Arc<SourceStats> {
         self.stats.clone()
+    }
+
+    /// The source's directory under `data_dir` (state, spill files, log);
+    /// `walbridge drop` removes it.
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
     }
 
     /// The database name, as reported in events.
@@ -264,20 +292,30 @@ impl Source {
 
     /// Runs until `shutdown` turns true or a permanent error. Transient
     /// failures (lost connection, server restart) are retried with
-    /// exponential backoff. `flushed` carries the end LSN of the last
-    /// transaction the consumers made durable.
+    /// exponential backoff.
     pub async fn run(
         &self,
-        events: mpsc::Sender<EventBatch>,
-        mut flushed: watch::Receiver<Lsn>,
+        downstream: Downstream,
         mut shutdown: watch::Receiver<bool>,
     ) -> Result<(), SourceError> {
+        let Downstream {
+            events,
+            durable: mut flushed,
+            applied,
+            resume_after,
+        } = downstream;
         self.preflight(&mut shutdown).await?;
         let spill_dir = self.state_dir.join("spill");
         spill::clear_dir(&spill_dir)
             .map_err(|e| SourceError::Spill(self.config.name.clone(), e))?;
         let mut assembler = Assembler::new(spill_dir, self.config.spill_threshold.0 as usize);
-        let mut positions = Positions::default();
+        let mut positions = Positions {
+            received: Lsn::ZERO,
+            last_emitted_end: resume_after,
+            keepalive_end: Lsn::ZERO,
+            reported_flush: Lsn::ZERO,
+            applied,
+        };
         let mut backoff = Duration::from_millis(500);
         loop {
             let result = self
@@ -572,10 +610,13 @@ impl Source {
             .confirmed
             .store(flush.0, std::sync::atomic::Ordering::Relaxed);
         let write = positions.received.max(flush);
+        // Consumers that applied everything durable have applied up to `flush`.
+        let applied = *positions.applied.borrow();
+        let apply = if applied >= flushed { flush } else { applied };
         StatusUpdate {
             write,
             flush,
-            apply: flush,
+            apply,
             time: PgTimestamp::now(),
             reply_requested: false,
         }
@@ -619,6 +660,12 @@ impl Source {
         let mut types = TypeCatalog::new();
         let mut ticker = tokio::time::interval(Duration::from_secs(self.config.status_interval));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut heartbeat = self.config.heartbeat_interval.map(|secs| {
+            let mut t = tokio::time::interval(Duration::from_secs(secs));
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t
+        });
+        let mut applied = positions.applied.clone();
         loop {
             if *shutdown.borrow_and_update() {
                 return self.finish(conn, flushed, assembler, positions).await;
@@ -657,7 +704,12 @@ impl Source {
                             match assembled {
                                 Assembled::Nothing => {}
                                 Assembled::Message(m) => {
-                                    self.deliver(&mut conn, events, flushed, assembler, positions, vec![SourceEvent::Message(m)]).await?;
+                                    // Downstream records a message just past its LSN.
+                                    let end = Lsn(m.lsn.0.saturating_add(1));
+                                    if m.prefix != HEARTBEAT_PREFIX && end > positions.last_emitted_end {
+                                        self.deliver(&mut conn, events, flushed, assembler, positions, vec![SourceEvent::Message(m)]).await?;
+                                        positions.last_emitted_end = end;
+                                    }
                                 }
                                 Assembled::Committed(txn) => self.emit(&mut conn, events, flushed, assembler, positions, txn).await?,
                             }
@@ -668,9 +720,25 @@ impl Source {
                     let acked = *flushed.borrow();
                     self.send_status(&mut conn, positions, acked, assembler).await?;
                 }
+                Ok(()) = applied.changed() => {
+                    let acked = *flushed.borrow();
+                    self.send_status(&mut conn, positions, acked, assembler).await?;
+                }
                 _ = ticker.tick() => {
                     let acked = *flushed.borrow();
                     self.send_status(&mut conn, positions, acked, assembler).await?;
+                }
+                _ = async {
+                    match heartbeat.as_mut() {
+                        Some(t) => t.tick().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    let sql = format!("SELECT pg_logical_emit_message(false, '{HEARTBEAT_PREFIX}', '')");
+                    if let Err(e) = client.simple_query(&sql).await {
+                        tracing::warn!(source = %name, "heartbeat failed: {}; heartbeats are off until the next reconnect", crate::wire::describe_pg_error(&e));
+                        heartbeat = None;
+                    }
                 }
             }
         }

@@ -8,14 +8,19 @@ use anyhow::{Context, bail};
 use serde::Deserialize;
 use walbridge_source::SourceConfig;
 
+use crate::log_config::LogConfig;
 use crate::sink::jsonl::JsonlSinkConfig;
 
 /// The whole configuration.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// Directory for walbridge's state (slot bookkeeping, spill files).
+    /// Directory for walbridge's state (slot bookkeeping, spill files, the
+    /// log, the sinks' cursors).
     pub data_dir: PathBuf,
+    /// How the log is kept (`[log]`).
+    #[serde(default)]
+    pub log: LogConfig,
     /// The sources (`[[source]]`).
     #[serde(rename = "source", default)]
     pub sources: Vec<SourceConfig>,
@@ -72,7 +77,7 @@ impl Config {
     }
 
     fn validate(&self) -> anyhow::Result<()> {
-        let mut problems = Vec::new();
+        let mut problems = self.log.validate();
         if self.sources.is_empty() {
             problems.push("no [[source]] is configured".to_owned());
         }
@@ -95,6 +100,17 @@ impl Config {
         for sink in &self.sinks {
             if !sink_names.insert(sink.name().to_owned()) {
                 problems.push(format!("sink name `{}` is used twice", sink.name()));
+            }
+            if sink.name().is_empty()
+                || !sink
+                    .name()
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                problems.push(format!(
+                    "sink name `{}`: use letters, digits, `_` and `-` (it names the sink's cursor file)",
+                    sink.name()
+                ));
             }
             for wanted in sink.sources().unwrap_or_default() {
                 if !names.contains(wanted) {
@@ -231,6 +247,13 @@ publications = ["p"]
                 "publications = [\"p\"]\nspill_threshold = \"lots\""
             ))
             .contains("spill_threshold")
+        );
+        assert!(err(&format!("{BASE}[log]\nfsync = \"sometimes\"\n")).contains("sometimes"));
+        assert!(
+            err(&format!(
+                "{BASE}[log]\nsegment_size = \"1MiB\"\nmax_size = \"1MiB\"\n"
+            ))
+            .contains("max_size")
         );
         assert!(
             err(&format!(

@@ -1,6 +1,7 @@
 //! The `walbridge` command.
 
 mod config;
+mod log_config;
 mod pipeline;
 mod sink;
 

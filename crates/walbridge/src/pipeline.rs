@@ -1,91 +1,161 @@
-//! The runtime: sources, sinks, and the routing between them.
+//! The runtime: sources, their logs, and the sinks reading them.
 //!
 //! ```text
-//! source ──events──▶ dispatcher ──▶ sink A (own task, own queue)
-//!    ▲                          └──▶ sink B
-//!    └── flushed = min(acks of A, B) ◀── combiner ◀── acks
+//! source ──events──▶ appender ──▶ log ──▶ feeder ──▶ sink A (own thread, own cursor)
+//!   ▲  ▲                           │  └──▶ feeder ──▶ sink B
+//!   │  └─ durable = the log's head ┘
+//!   └──── applied = min(acks of A, B) ◀── acks ◀──────┘
 //! ```
 //!
-//! Every queue is bounded, so a slow sink slows its sources down instead
-//! of filling memory. A source's confirmed position is the minimum of what
-//! all its sinks acknowledged.
+//! The source confirms to the publisher what is durable in its log, so a
+//! slow or failing sink never holds the publisher's WAL; each sink reads
+//! at its own pace through its own cursor, and one sink's trouble never
+//! stalls another (until the log reaches `max_size`).
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
-use anyhow::anyhow;
+use anyhow::{Context, anyhow};
 use futures_util::future::select_all;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use walbridge_core::{EventBatch, Lsn};
-use walbridge_source::Source;
+use walbridge_log::{Appender, Log, LogReader, LogWriter};
+use walbridge_source::{Downstream, Source};
 
 use crate::config::{Config, SinkConfig};
-use crate::sink::jsonl::JsonlSink;
-use crate::sink::{Routed, SourceContext};
+use crate::sink::{LogPosition, Routed, Sink, SourceContext};
 
-/// Event batches queued between stages. A batch holds up to 256 changes,
-/// so this bounds each queue to about 16k changes.
+/// Event batches queued between a source and its log, and log records
+/// queued between a feeder and its sink.
 const QUEUE: usize = 64;
+
+/// How long a stopping pipeline lets the sinks catch up with the logs.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A source with its log, before it starts.
+struct SourceRun {
+    source: Source,
+    log: Log,
+    writer: LogWriter,
+    applied: watch::Sender<Lsn>,
+    /// Per sink reading it: the sink's name and acknowledgements.
+    acks: Vec<(String, watch::Receiver<LogPosition>)>,
+}
+
+/// One source's log as one sink reads it.
+struct SinkInput {
+    log: Log,
+    context: Arc<SourceContext>,
+}
 
 /// Runs until SIGINT/SIGTERM (exit cleanly) or a permanent failure.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let signals = tokio::spawn(wait_for_signal(shutdown_tx.clone()));
+    let options = config.log.options();
+    let cursor_dir = cursor_dir(&config.data_dir);
 
-    let mut sink_queues = Vec::new();
-    let mut sink_tasks = Vec::new();
-    for sink in &config.sinks {
-        let (tx, rx) = mpsc::channel::<Routed>(QUEUE);
-        match sink {
-            SinkConfig::Jsonl(c) => {
-                let sink = JsonlSink::open(c.clone())?;
-                sink_tasks.push((
-                    c.name.clone(),
-                    tokio::task::spawn_blocking(move || sink.run(rx)),
-                ));
-            }
-        }
-        sink_queues.push((sink, tx));
-    }
-
-    let mut sources = JoinSet::new();
+    let mut runs = Vec::new();
     for source_config in &config.sources {
-        let source = Source::new(source_config.clone(), &config.data_dir)?;
-        let (flushed_tx, flushed_rx) = watch::channel(Lsn::ZERO);
-        let mut targets = Vec::new();
-        let mut acks = Vec::new();
-        for (sink, queue) in &sink_queues {
-            if sink
-                .sources()
-                .is_some_and(|s| !s.contains(&source_config.name))
-            {
-                continue;
-            }
-            let (ack_tx, ack_rx) = watch::channel(Lsn::ZERO);
-            let context = Arc::new(SourceContext {
-                name: source_config.name.clone(),
-                database: source.database().to_owned(),
-                flushed: ack_tx,
-            });
-            targets.push((queue.clone(), context));
-            acks.push(ack_rx);
-        }
-        if targets.is_empty() {
+        if !config.sinks.iter().any(|s| reads(s, &source_config.name)) {
             tracing::warn!(source = %source_config.name, "no sink reads this source; it is not started");
             continue;
         }
+        let source = Source::new(source_config.clone(), &config.data_dir)?;
+        let dir = source.state_dir().join("log");
+        let (log, writer, _) = Log::open(&dir, options.clone())
+            .with_context(|| format!("source `{}`", source_config.name))?;
+        runs.push(SourceRun {
+            source,
+            log,
+            writer,
+            applied: watch::Sender::new(Lsn::ZERO),
+            acks: Vec::new(),
+        });
+    }
+
+    // Sinks open (and register their cursors) before any source appends,
+    // so retention never removes what a sink still needs.
+    let (closing_tx, closing_rx) = watch::channel(false);
+    let mut sinks = Vec::new();
+    for sink_config in &config.sinks {
+        let sink = Sink::open(sink_config, &cursor_dir)?;
+        let mut inputs = Vec::new();
+        for run in runs
+            .iter_mut()
+            .filter(|r| reads(sink_config, &r.source.config().name))
+        {
+            let start = start_position(
+                &sink,
+                sink_config.name(),
+                &run.log,
+                &run.source.config().name,
+            );
+            run.log.register_cursor(sink_config.name(), start);
+            let head = run.log.head();
+            let lsn = if start >= head.next_seq {
+                head.last_lsn
+            } else {
+                Lsn::ZERO
+            };
+            let (acked, ack_rx) = watch::channel(LogPosition { next: start, lsn });
+            run.acks.push((sink_config.name().to_owned(), ack_rx));
+            inputs.push(SinkInput {
+                log: run.log.clone(),
+                context: Arc::new(SourceContext {
+                    name: run.source.config().name.clone(),
+                    database: run.source.database().to_owned(),
+                    log_id: run.log.id().to_owned(),
+                    acked,
+                }),
+            });
+        }
+        sinks.push((
+            sink_config.name().to_owned(),
+            tokio::spawn(supervise(
+                sink,
+                sink_config.clone(),
+                cursor_dir.clone(),
+                inputs,
+                closing_rx.clone(),
+            )),
+        ));
+    }
+
+    let mut sources = JoinSet::new();
+    let mut appenders = Vec::new();
+    for run in runs {
+        let SourceRun {
+            source,
+            log,
+            writer,
+            applied,
+            acks,
+        } = run;
+        let applied_rx = applied.subscribe();
+        tokio::spawn(track_acks(log.clone(), acks, applied));
+        let head = log.head();
+        let (durable_tx, durable_rx) = watch::channel(head.last_lsn);
+        tokio::spawn(forward_durable(log.subscribe(), durable_tx));
         let (events_tx, events_rx) = mpsc::channel::<EventBatch>(QUEUE);
-        tokio::spawn(dispatch(events_rx, targets));
-        tokio::spawn(combine(acks, flushed_tx));
+        let name = source.config().name.clone();
+        appenders.push((name, tokio::spawn(append(events_rx, Appender::new(writer)))));
+        let downstream = Downstream {
+            events: events_tx,
+            durable: durable_rx,
+            applied: applied_rx,
+            resume_after: head.last_lsn,
+        };
         let shutdown = shutdown_rx.clone();
         sources.spawn(async move {
             source
-                .run(events_tx, flushed_rx, shutdown)
+                .run(downstream, shutdown)
                 .await
                 .map_err(|e| anyhow!(e))
         });
     }
-    drop(sink_queues);
 
     let mut failure = None;
     while let Some(joined) = sources.join_next().await {
@@ -99,16 +169,38 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             let _ = shutdown_tx.send(true);
         }
     }
-    // The sources are done: the queues close and each sink finishes writing.
-    for (name, task) in sink_tasks {
+    // The sources are done: each log takes what is queued, fsyncs, closes.
+    for (name, task) in appenders {
         let result = task
             .await
-            .map_err(|e| anyhow!("sink `{name}` panicked: {e}"))
-            .and_then(|r| r);
+            .map_err(|e| anyhow!("the log appender of source `{name}` panicked: {e}"))
+            .and_then(|r| r.with_context(|| format!("source `{name}`: log")));
         if let Err(e) = result {
-            // A sink failure is the root cause of the sources' "output closed".
+            // A log failure is the root cause of the source's "output closed".
             failure = Some(e);
         }
+    }
+    // The sinks read to the end of the logs, store their cursors and stop.
+    let _ = closing_tx.send(true);
+    let drained = async {
+        let mut sink_failure = None;
+        for (name, task) in sinks {
+            let result = task
+                .await
+                .map_err(|e| anyhow!("sink `{name}` panicked: {e}"))
+                .and_then(|r| r);
+            if let Err(e) = result {
+                sink_failure.get_or_insert(e);
+            }
+        }
+        sink_failure
+    };
+    match tokio::time::timeout(DRAIN_TIMEOUT, drained).await {
+        Ok(Some(e)) => failure = failure.or(Some(e)),
+        Ok(None) => {}
+        Err(_) => tracing::warn!(
+            "the sinks did not reach the end of the logs within {DRAIN_TIMEOUT:?}; they go on from their cursors next time"
+        ),
     }
     signals.abort();
     match failure {
@@ -117,54 +209,279 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
 }
 
-/// Copies each batch to every sink reading the source, in order.
-async fn dispatch(
-    mut events: mpsc::Receiver<EventBatch>,
-    targets: Vec<(mpsc::Sender<Routed>, Arc<SourceContext>)>,
-) {
-    while let Some(batch) = events.recv().await {
-        let Some(((last_queue, last_context), others)) = targets.split_last() else {
-            return;
-        };
-        for (queue, context) in others {
-            if queue
-                .send(Routed {
-                    source: context.clone(),
-                    events: batch.clone(),
-                })
-                .await
-                .is_err()
-            {
-                return;
-            }
+fn reads(sink: &SinkConfig, source: &str) -> bool {
+    sink.sources().is_none_or(|s| s.iter().any(|n| n == source))
+}
+
+/// Where a sink starts reading a source's log: its stored cursor, or the
+/// oldest record kept.
+fn start_position(sink: &Sink, sink_name: &str, log: &Log, source: &str) -> u64 {
+    let first = log.first_seq();
+    match sink.stored_position(source) {
+        Some(p) if p.log == log.id() => p.next,
+        Some(_) => {
+            tracing::warn!(
+                sink = sink_name,
+                source,
+                "the source's log was recreated since the sink stored its cursor (walbridge drop?): reading the new log from its start"
+            );
+            first
         }
-        if last_queue
-            .send(Routed {
-                source: last_context.clone(),
-                events: batch,
-            })
-            .await
-            .is_err()
-        {
+        None => {
+            if first > 0 {
+                tracing::warn!(
+                    sink = sink_name,
+                    source,
+                    first,
+                    "new sink: the log no longer holds the source's oldest records (retention removed them); this sink starts without them"
+                );
+            }
+            first
+        }
+    }
+}
+
+/// Appends a source's events to its log, then closes the log.
+async fn append(
+    mut events: mpsc::Receiver<EventBatch>,
+    mut appender: Appender,
+) -> Result<(), walbridge_log::LogError> {
+    while let Some(batch) = events.recv().await {
+        for event in batch {
+            appender.append(event).await?;
+        }
+    }
+    appender.close().await
+}
+
+/// The source's `durable` position: the LSN of the log's readable end.
+async fn forward_durable(
+    mut head: watch::Receiver<walbridge_log::Head>,
+    durable: watch::Sender<Lsn>,
+) {
+    loop {
+        let lsn = head.borrow_and_update().last_lsn;
+        durable.send_if_modified(|d| {
+            let advance = lsn > *d;
+            if advance {
+                *d = lsn;
+            }
+            advance
+        });
+        if head.changed().await.is_err() {
             return;
         }
     }
 }
 
-/// The source's flushed position: the minimum its sinks acknowledged.
-async fn combine(mut acks: Vec<watch::Receiver<Lsn>>, flushed: watch::Sender<Lsn>) {
+/// Follows the sinks' acknowledgements of one source: each moves its
+/// cursor in the log (letting retention remove what all have passed), and
+/// the lowest LSN is what the source reports as applied.
+async fn track_acks(
+    log: Log,
+    mut acks: Vec<(String, watch::Receiver<LogPosition>)>,
+    applied: watch::Sender<Lsn>,
+) {
     loop {
-        let min = acks.iter().map(|a| *a.borrow()).min().unwrap_or(Lsn::ZERO);
-        flushed.send_if_modified(|current| {
-            let advance = min > *current;
-            if advance {
-                *current = min;
+        let mut lowest = None::<Lsn>;
+        for (sink, ack) in &mut acks {
+            let position = *ack.borrow_and_update();
+            if let Err(e) = log.advance_cursor(sink, position.next) {
+                tracing::error!(sink = %sink, "{e}");
             }
-            advance
-        });
-        let changed = select_all(acks.iter_mut().map(|a| Box::pin(a.changed()))).await;
-        if changed.0.is_err() {
+            lowest = Some(lowest.map_or(position.lsn, |l| l.min(position.lsn)));
+        }
+        if let Some(lsn) = lowest {
+            applied.send_if_modified(|a| {
+                let advance = lsn > *a;
+                if advance {
+                    *a = lsn;
+                }
+                advance
+            });
+        }
+        if acks.is_empty() {
             return;
+        }
+        let (changed, ..) = select_all(acks.iter_mut().map(|(_, a)| Box::pin(a.changed()))).await;
+        if changed.is_err() {
+            return;
+        }
+    }
+}
+
+/// Why one run of a sink ended.
+enum SinkStop {
+    /// Reading the log failed: corruption, a position removed, the sink dropped. Retrying cannot help.
+    Log(anyhow::Error),
+    /// The sink failed; it is retried.
+    Sink(anyhow::Error),
+}
+
+/// Runs a sink, restarting it from its stored cursor with exponential
+/// backoff when it fails; gives up only on failures a retry cannot cure.
+async fn supervise(
+    first: Sink,
+    config: SinkConfig,
+    cursor_dir: PathBuf,
+    inputs: Vec<SinkInput>,
+    closing: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let name = config.name().to_owned();
+    let mut next = Some(first);
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        let outcome = match next.take() {
+            Some(sink) => run_sink(sink, &name, &inputs, closing.clone()).await,
+            None => match Sink::open(&config, &cursor_dir) {
+                Ok(sink) => run_sink(sink, &name, &inputs, closing.clone()).await,
+                Err(e) => Err(SinkStop::Sink(e)),
+            },
+        };
+        match outcome {
+            Ok(()) => return Ok(()),
+            Err(SinkStop::Log(e)) => {
+                tracing::error!(sink = %name, "{e:#}; the sink stopped (sources and other sinks go on)");
+                return Err(e);
+            }
+            Err(SinkStop::Sink(e)) => {
+                if *closing.borrow() {
+                    return Err(e);
+                }
+                tracing::error!(sink = %name, "{e:#}; retrying in {backoff:?}");
+                let mut closing = closing.clone();
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = closing.wait_for(|c| *c) => return Err(e),
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(60));
+            }
+        }
+    }
+}
+
+/// One run of a sink: a feeder thread per source reads the log from the
+/// sink's cursor into the sink's queue.
+async fn run_sink(
+    sink: Sink,
+    name: &str,
+    inputs: &[SinkInput],
+    closing: watch::Receiver<bool>,
+) -> Result<(), SinkStop> {
+    let (tx, rx) = mpsc::channel::<Routed>(QUEUE);
+    let abort = Arc::new(watch::Sender::new(false));
+    let mut feeders = Vec::new();
+    for input in inputs {
+        let start = start_position(&sink, name, &input.log, &input.context.name);
+        let reader = input
+            .log
+            .reader(start)
+            .with_context(|| format!("sink `{name}`, source `{}`", input.context.name))
+            .map_err(SinkStop::Log)?;
+        let feeder = Feeder {
+            reader,
+            log: input.log.clone(),
+            sink: name.to_owned(),
+            context: input.context.clone(),
+            queue: tx.clone(),
+            closing: closing.clone(),
+            abort: abort.clone(),
+        };
+        let handle = tokio::runtime::Handle::current();
+        let thread = std::thread::Builder::new()
+            .name(format!("feed-{name}"))
+            .spawn(move || feeder.run(&handle))
+            .map_err(|e| SinkStop::Sink(anyhow!("sink `{name}`: cannot start a thread: {e}")))?;
+        feeders.push(thread);
+    }
+    drop(tx);
+    let sink_result = tokio::task::spawn_blocking(move || sink.run(rx))
+        .await
+        .map_err(|e| anyhow!("sink `{name}` panicked: {e}"))
+        .and_then(|r| r);
+    abort.send_replace(true);
+    let feeder_result = tokio::task::spawn_blocking(move || {
+        feeders
+            .into_iter()
+            .map(|t| {
+                t.join()
+                    .unwrap_or_else(|_| Err(anyhow!("a feeder thread panicked")))
+            })
+            .collect::<anyhow::Result<Vec<()>>>()
+    })
+    .await
+    .map_err(|e| anyhow!("{e}"))
+    .and_then(|r| r);
+    feeder_result.map_err(SinkStop::Log)?;
+    sink_result.map_err(SinkStop::Sink)
+}
+
+/// Reads one source's log into one sink's queue.
+struct Feeder {
+    reader: LogReader,
+    log: Log,
+    sink: String,
+    context: Arc<SourceContext>,
+    queue: mpsc::Sender<Routed>,
+    /// The logs are closed: read to the end, then stop.
+    closing: watch::Receiver<bool>,
+    /// The sink stopped (or another feeder failed): stop now.
+    abort: Arc<watch::Sender<bool>>,
+}
+
+impl Feeder {
+    fn run(mut self, runtime: &tokio::runtime::Handle) -> anyhow::Result<()> {
+        let result = self.feed(runtime);
+        if result.is_err() {
+            // The sink cannot go on with a source missing; stop it too.
+            self.abort.send_replace(true);
+        }
+        result
+    }
+
+    fn feed(&mut self, runtime: &tokio::runtime::Handle) -> anyhow::Result<()> {
+        let mut abort = self.abort.subscribe();
+        loop {
+            if *abort.borrow() {
+                return Ok(());
+            }
+            if self.log.is_dropped(&self.sink) {
+                return Err(anyhow!(
+                    "sink `{}` fell more than [log] max_size behind source `{}` and was dropped (when_full = \"drop_sink\"); it needs a fresh start: remove its cursor file to read from the oldest record kept, or run `walbridge drop` to copy everything again",
+                    self.sink,
+                    self.context.name
+                ));
+            }
+            let context = || format!("sink `{}`, source `{}`", self.sink, self.context.name);
+            match self.reader.try_next().with_context(context)? {
+                Some(record) => {
+                    let routed = Routed {
+                        source: self.context.clone(),
+                        position: record.unit_end.then_some(LogPosition {
+                            next: record.seq + 1,
+                            lsn: record.lsn,
+                        }),
+                        events: record.entry.into_events(),
+                    };
+                    if self.queue.blocking_send(routed).is_err() {
+                        return Ok(());
+                    }
+                }
+                None if *self.closing.borrow() => return Ok(()),
+                None => {
+                    let closing = &mut self.closing;
+                    let reader = &mut self.reader;
+                    let queue = &self.queue;
+                    runtime.block_on(async {
+                        tokio::select! {
+                            _ = reader.wait() => {}
+                            _ = closing.changed() => {}
+                            _ = abort.changed() => {}
+                            _ = queue.closed() => {}
+                        }
+                    });
+                }
+            }
         }
     }
 }
@@ -183,4 +500,9 @@ async fn wait_for_signal(shutdown: watch::Sender<bool>) {
         _ = int.recv() => tracing::info!("SIGINT received, stopping"),
     }
     let _ = shutdown.send(true);
+}
+
+/// The directory holding the sinks' cursors.
+fn cursor_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("cursors")
 }

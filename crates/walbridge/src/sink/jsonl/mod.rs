@@ -1,10 +1,13 @@
 //! The `jsonl` sink: newline-delimited JSON to standard output or a file.
 //!
 //! Runs on its own thread with blocking writes. Events are written in the
-//! order received; after each burst the output is flushed (and, for a
-//! file, fsynced), and only then is each source's position acknowledged —
-//! so a position is confirmed to the publisher only once its lines are
-//! durable.
+//! order received. Whenever the queue runs dry (and at least every
+//! [`COMMIT_INTERVAL`] while busy) the output is flushed — fsynced, for a
+//! file — and then the cursor is stored with the file's length, and only
+//! then are the positions acknowledged. After a crash the file is cut back
+//! to the length stored with the cursor and reading resumes at the cursor:
+//! every line appears exactly once. (Standard output and pipes cannot be
+//! cut back: lines after the last stored cursor may appear twice.)
 
 mod config;
 mod encoder;
@@ -15,27 +18,36 @@ pub use encoder::{Encoder, Position};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
+use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tokio::sync::mpsc;
-use walbridge_core::{Lsn, SourceEvent, TransactionInfo};
+use walbridge_core::{SourceEvent, TransactionInfo};
+use walbridge_log::{CursorFile, CursorPosition, CursorState};
 
-use super::{Routed, SourceContext};
+use super::{LogPosition, Routed, SourceContext};
 
 /// Bytes buffered before a write, also inside a burst.
 const WRITE_CHUNK: usize = 1 << 20;
 
+/// The longest the sink goes, while busy, without making its output durable
+/// and storing its cursor.
+pub const COMMIT_INTERVAL: Duration = Duration::from_millis(100);
+
 enum Output {
     Stdout(std::io::Stdout),
-    /// A regular file, fsynced to make writes durable.
-    File(File),
+    /// A regular file, fsynced to make writes durable; with its length.
+    File(File, u64),
     /// A device or pipe (`/dev/null`, a FIFO): nothing to fsync.
     Stream(File),
 }
 
 impl Output {
-    fn open(path: &str) -> anyhow::Result<Self> {
+    /// Opens the output; a regular file is cut back to `resume_len` when it
+    /// is longer (the tail was written after the cursor was last stored).
+    fn open(path: &str, resume_len: Option<u64>) -> anyhow::Result<Self> {
         if path == "-" {
             return Ok(Output::Stdout(std::io::stdout()));
         }
@@ -45,29 +57,66 @@ impl Output {
             .append(true)
             .open(path)
             .with_context(|| format!("cannot open {path} for appending"))?;
-        let regular = file
+        let meta = file
             .metadata()
-            .with_context(|| format!("cannot stat {path}"))?
-            .is_file();
-        if !regular {
+            .with_context(|| format!("cannot stat {path}"))?;
+        if !meta.is_file() {
             return Ok(Output::Stream(file));
         }
-        cut_torn_line(&file).with_context(|| format!("cannot repair the end of {path}"))?;
-        Ok(Output::File(file))
+        match resume_len {
+            Some(len) if meta.len() > len => {
+                tracing::warn!(
+                    path,
+                    cut = meta.len() - len,
+                    "removing output written after the sink last stored its cursor (it is written again)"
+                );
+                file.set_len(len)
+                    .and_then(|()| file.sync_data())
+                    .with_context(|| format!("cannot cut {path} back to {len} bytes"))?;
+            }
+            Some(len) if meta.len() < len => tracing::warn!(
+                path,
+                expected = len,
+                found = meta.len(),
+                "the output file is shorter than when the cursor was stored (rotated or truncated?); appending"
+            ),
+            Some(_) => {}
+            None => {
+                cut_torn_line(&file).with_context(|| format!("cannot repair the end of {path}"))?
+            }
+        }
+        let len = file
+            .metadata()
+            .with_context(|| format!("cannot stat {path}"))?
+            .len();
+        Ok(Output::File(file, len))
     }
 
     fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         match self {
             Output::Stdout(s) => s.lock().write_all(bytes),
-            Output::File(f) | Output::Stream(f) => f.write_all(bytes),
+            Output::File(f, len) => {
+                f.write_all(bytes)?;
+                *len += bytes.len() as u64;
+                Ok(())
+            }
+            Output::Stream(f) => f.write_all(bytes),
         }
     }
 
     fn make_durable(&mut self) -> std::io::Result<()> {
         match self {
             Output::Stdout(s) => s.lock().flush(),
-            Output::File(f) => f.sync_data(),
+            Output::File(f, _) => f.sync_data(),
             Output::Stream(f) => f.flush(),
+        }
+    }
+
+    /// The length to resume from, for outputs that can be cut back.
+    fn resume_len(&self) -> Option<u64> {
+        match self {
+            Output::File(_, len) => Some(*len),
+            Output::Stdout(_) | Output::Stream(_) => None,
         }
     }
 }
@@ -103,71 +152,162 @@ fn cut_torn_line(file: &File) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Per source: the transaction being written and the last position written.
+/// Per source: the transaction being written.
 #[derive(Default)]
 struct SourceCursor {
     transaction: Option<Arc<TransactionInfo>>,
-    written: Lsn,
+}
+
+/// What the sink stores next to its positions.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ResumeData {
+    output_len: u64,
 }
 
 /// A jsonl sink ready to run.
 pub struct JsonlSink {
     config: JsonlSinkConfig,
     output: Output,
+    cursor_file: CursorFile,
+    cursor: CursorState,
 }
 
 impl JsonlSink {
-    /// Opens the output (the health check: a path that cannot be opened fails here).
-    pub fn open(config: JsonlSinkConfig) -> anyhow::Result<Self> {
-        let output =
-            Output::open(&config.path).with_context(|| format!("sink `{}`", config.name))?;
-        Ok(JsonlSink { config, output })
+    /// Loads the cursor stored in `cursor_dir` and opens the output,
+    /// cutting off what was written after the cursor was stored (the
+    /// health check: a path that cannot be opened fails here).
+    pub fn open(config: JsonlSinkConfig, cursor_dir: &Path) -> anyhow::Result<Self> {
+        let cursor_file = CursorFile::new(cursor_dir, &config.name);
+        let cursor = cursor_file
+            .load()
+            .with_context(|| format!("sink `{}`", config.name))?
+            .unwrap_or_default();
+        let resume_len = serde_json::from_value::<ResumeData>(cursor.consumer.clone())
+            .ok()
+            .map(|r| r.output_len);
+        let output = Output::open(&config.path, resume_len)
+            .with_context(|| format!("sink `{}`", config.name))?;
+        Ok(JsonlSink {
+            config,
+            output,
+            cursor_file,
+            cursor,
+        })
+    }
+
+    /// Where the sink's cursor says to go on reading `source`'s log.
+    pub fn stored_position(&self, source: &str) -> Option<&CursorPosition> {
+        self.cursor.positions.get(source)
     }
 
     /// Writes every event from `events` until the channel closes.
     pub fn run(mut self, mut events: mpsc::Receiver<Routed>) -> anyhow::Result<()> {
         let encoder = Encoder::new(&self.config.unchanged_toast_placeholder);
-        let mut cursors: HashMap<usize, (Arc<SourceContext>, SourceCursor)> = HashMap::new();
+        let mut sources: HashMap<String, (Arc<SourceContext>, SourceCursor)> = HashMap::new();
+        let mut positions: HashMap<String, LogPosition> = HashMap::new();
+        let mut checkpoint = None;
         let mut buffer = Vec::with_capacity(2 * WRITE_CHUNK);
-        let name = self.config.name.clone();
-        while let Some(first) = events.blocking_recv() {
-            let mut next = Some(first);
-            while let Some(routed) = next.take() {
-                // The context lives as long as the map holds it, so its address is a stable key.
-                let key = Arc::as_ptr(&routed.source) as usize;
-                let (source, cursor) = cursors
-                    .entry(key)
-                    .or_insert_with(|| (routed.source.clone(), SourceCursor::default()));
-                for event in routed.events {
-                    write_event(&encoder, &mut buffer, source, cursor, event);
-                }
-                if buffer.len() >= WRITE_CHUNK {
-                    self.output
-                        .write_all(&buffer)
-                        .with_context(|| format!("sink `{name}`: write failed"))?;
-                    buffer.clear();
-                }
-                next = events.try_recv().ok();
-            }
-            self.output
-                .write_all(&buffer)
-                .with_context(|| format!("sink `{name}`: write failed"))?;
-            buffer.clear();
-            self.output
-                .make_durable()
-                .with_context(|| format!("sink `{name}`: flush failed"))?;
-            for (source, cursor) in cursors.values() {
-                source.flushed.send_if_modified(|acked| {
-                    let advance = cursor.written > *acked;
-                    if advance {
-                        *acked = cursor.written;
+        let mut last_commit = Instant::now();
+        loop {
+            let routed = match events.try_recv() {
+                Ok(r) => r,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    self.commit(&mut buffer, checkpoint.take(), &sources)?;
+                    last_commit = Instant::now();
+                    match events.blocking_recv() {
+                        Some(r) => r,
+                        None => break,
                     }
-                    advance
-                });
+                }
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+            };
+            let (source, cursor) = sources
+                .entry(routed.source.name.clone())
+                .or_insert_with(|| (routed.source.clone(), SourceCursor::default()));
+            for event in routed.events {
+                write_event(&encoder, &mut buffer, source, cursor, event);
+            }
+            if let Some(position) = routed.position {
+                positions.insert(routed.source.name.clone(), position);
+                // A cut the cursor can describe: no source is inside a transaction.
+                if sources.values().all(|(_, c)| c.transaction.is_none()) {
+                    checkpoint = Some(Checkpoint {
+                        output_len: self.output.resume_len().map(|l| l + buffer.len() as u64),
+                        positions: positions.clone(),
+                    });
+                }
+            }
+            if buffer.len() >= WRITE_CHUNK {
+                self.write(&mut buffer)?;
+            }
+            if last_commit.elapsed() >= COMMIT_INTERVAL {
+                self.commit(&mut buffer, checkpoint.take(), &sources)?;
+                last_commit = Instant::now();
+            }
+        }
+        self.commit(&mut buffer, checkpoint.take(), &sources)
+    }
+
+    fn write(&mut self, buffer: &mut Vec<u8>) -> anyhow::Result<()> {
+        self.output
+            .write_all(buffer)
+            .with_context(|| format!("sink `{}`: write failed", self.config.name))?;
+        buffer.clear();
+        Ok(())
+    }
+
+    /// Makes everything written durable, stores the cursor at `checkpoint`,
+    /// then acknowledges its positions.
+    fn commit(
+        &mut self,
+        buffer: &mut Vec<u8>,
+        checkpoint: Option<Checkpoint>,
+        sources: &HashMap<String, (Arc<SourceContext>, SourceCursor)>,
+    ) -> anyhow::Result<()> {
+        if buffer.is_empty() && checkpoint.is_none() {
+            return Ok(());
+        }
+        self.write(buffer)?;
+        self.output
+            .make_durable()
+            .with_context(|| format!("sink `{}`: flush failed", self.config.name))?;
+        let Some(checkpoint) = checkpoint else {
+            return Ok(());
+        };
+        for (name, position) in &checkpoint.positions {
+            if let Some((source, _)) = sources.get(name) {
+                self.cursor.positions.insert(
+                    name.clone(),
+                    CursorPosition {
+                        log: source.log_id.clone(),
+                        next: position.next,
+                    },
+                );
+            }
+        }
+        self.cursor.consumer = match checkpoint.output_len {
+            Some(output_len) => serde_json::to_value(ResumeData { output_len })
+                .with_context(|| format!("sink `{}`", self.config.name))?,
+            None => serde_json::Value::Null,
+        };
+        self.cursor_file
+            .store(&self.cursor)
+            .with_context(|| format!("sink `{}`: cannot store its cursor", self.config.name))?;
+        for (name, position) in checkpoint.positions {
+            if let Some((source, _)) = sources.get(&name) {
+                source.acked.send_replace(position);
             }
         }
         Ok(())
     }
+}
+
+/// A point in the output the cursor can be stored at.
+struct Checkpoint {
+    /// Bytes of output up to the point (for a file).
+    output_len: Option<u64>,
+    /// Every source's position at the point.
+    positions: HashMap<String, LogPosition>,
 }
 
 fn write_event(
@@ -188,9 +328,7 @@ fn write_event(
                 encoder.snapshot_row(out, &at, &batch.relation, row, batch.consistent_point);
             }
         }
-        SourceEvent::SnapshotComplete { consistent_point } => {
-            cursor.written = cursor.written.max(consistent_point)
-        }
+        SourceEvent::SnapshotComplete { .. } => {}
         SourceEvent::Begin(info) => cursor.transaction = Some(info),
         SourceEvent::Change(change) => {
             let at = Position {
@@ -200,10 +338,7 @@ fn write_event(
             };
             encoder.change(out, &at, &change);
         }
-        SourceEvent::Commit(info) => {
-            cursor.written = cursor.written.max(info.end_lsn);
-            cursor.transaction = None;
-        }
+        SourceEvent::Commit(_) => cursor.transaction = None,
         SourceEvent::Message(m) => {
             let at = Position {
                 source: &source.name,
