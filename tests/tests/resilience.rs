@@ -61,7 +61,11 @@ fn interrupted_copy_starts_over(interrupt: impl FnOnce(&Deployment, Running)) {
     let running = wb.start();
     let lines = wb.wait_for_lines(200_001, WAIT);
     std::thread::sleep(Duration::from_millis(500));
-    let lines = if wb.lines().len() > lines.len() { wb.lines() } else { lines };
+    let lines = if wb.lines().len() > lines.len() {
+        wb.lines()
+    } else {
+        lines
+    };
     assert!(running.stop(WAIT).success());
     assert!(
         wb.log().contains("did not finish; dropping slot"),
@@ -106,7 +110,8 @@ fn an_idle_publication_does_not_hold_back_the_slot() {
     );
     let running = wb.start();
     pg.wait_for("SELECT count(*) FROM pg_stat_replication", "1", WAIT);
-    for _ in 0..5 {
+    // 200 MB of WAL, none of it published.
+    for _ in 0..20 {
         pg.psql("INSERT INTO other SELECT repeat('x', 1000) FROM generate_series(1, 10000)");
     }
     let lag = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) < 1024 * 1024 FROM pg_replication_slots WHERE slot_name = 'walbridge_src'";
@@ -117,6 +122,40 @@ fn an_idle_publication_does_not_hold_back_the_slot() {
     );
     assert!(wb.lines().is_empty());
     assert!(running.stop(WAIT).success());
+}
+
+#[test]
+fn heartbeats_move_the_slot_on_a_quiet_database_and_stay_out_of_the_output() {
+    let pg = Cluster::start();
+    pg.psql("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE t");
+    let wb = Deployment::new();
+    wb.configure(
+        &pg,
+        "postgres",
+        "pub",
+        "copy_data = false\nstatus_interval = 1\nheartbeat_interval = 1\nmessages = true",
+    );
+    let running = wb.start();
+    pg.wait_for("SELECT count(*) FROM pg_stat_replication", "1", WAIT);
+    let start = pg.psql("SELECT pg_current_wal_lsn()");
+    let advanced = pg.wait_for(
+        &format!("SELECT confirmed_flush_lsn > '{start}' FROM pg_replication_slots WHERE slot_name = 'walbridge_src'"),
+        "t",
+        Duration::from_secs(20),
+    );
+    assert_eq!(advanced, "t", "log:\n{}", wb.log());
+    // A real message still goes through; the heartbeats do not.
+    pg.psql("SELECT pg_logical_emit_message(false, 'app', 'hello')");
+    let lines = wb.wait_for_lines(1, WAIT);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(running.stop(WAIT).success());
+    let lines = if wb.lines().len() > lines.len() {
+        wb.lines()
+    } else {
+        lines
+    };
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["message"]["prefix"], "app", "{lines:?}");
 }
 
 #[test]

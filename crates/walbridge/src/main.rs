@@ -229,6 +229,9 @@ fn main() -> ExitCode {
             Command::Drop { config, source } => drop_sources(config, source.as_deref()).await,
         }
     });
+    // A sink stuck in a blocking write (a pipe nobody reads) must not keep
+    // the process alive: it resumes from its stored cursor next time.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure { code, error }) => {

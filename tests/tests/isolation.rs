@@ -1,0 +1,100 @@
+//! One sink's trouble is nobody else's: with a sink blocked for good, the
+//! other sink keeps up and the publisher's slot keeps advancing.
+
+use std::os::unix::fs::OpenOptionsExt;
+use std::time::Duration;
+
+use walbridge_tests::Cluster;
+use walbridge_tests::walbridge::{Deployment, ids_with_op};
+
+const WAIT: Duration = Duration::from_secs(300);
+/// WAL generated while the sink is blocked.
+const WAL_MB: u64 = 500;
+/// Of which changes to the published table.
+const PUBLISHED_MB: u64 = 100;
+
+#[test]
+fn a_blocked_sink_stalls_neither_the_other_sink_nor_the_slot() {
+    let pg = Cluster::builder().setting("max_wal_size", "4GB").start();
+    pg.psql(
+        "CREATE TABLE t (id bigint PRIMARY KEY, pad text);
+         CREATE TABLE other (pad text);
+         CREATE PUBLICATION pub FOR TABLE t",
+    );
+    let wb = Deployment::new();
+    // A FIFO nobody reads: the sink writing to it blocks once the pipe is full.
+    let fifo = wb.path().join("stuck.fifo");
+    let path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes())
+        .unwrap_or_else(|e| panic!("{e}"));
+    // SAFETY: mkfifo(3) with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+    // Hold the read end open (without reading) so the sink can open the write end.
+    let _reader = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .unwrap_or_else(|e| panic!("open fifo: {e}"));
+    wb.write_config(&format!(
+        "data_dir = \"{data}\"\n\n[[source]]\nname = \"src\"\nconnection = \"{conn}\"\npublications = [\"pub\"]\ncopy_data = false\nstatus_interval = 1\n\n\
+         [[sink]]\nname = \"stuck\"\ntype = \"jsonl\"\npath = \"{fifo}\"\n\n\
+         [[sink]]\nname = \"out\"\ntype = \"jsonl\"\npath = \"{out}\"\n",
+        data = wb.path().join("data").display(),
+        conn = pg.connstr("postgres", "postgres"),
+        fifo = fifo.display(),
+        out = wb.output_path().display(),
+    ));
+    let running = wb.start();
+    pg.wait_for("SELECT count(*) FROM pg_stat_replication", "1", WAIT);
+
+    let lag = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint FROM pg_replication_slots WHERE slot_name = 'walbridge_src'";
+    let start = pg.psql("SELECT pg_current_wal_lsn()");
+    let generated_sql = format!("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '{start}')::bigint");
+    let mut next_id = 0;
+    let mut worst_lag = 0i64;
+    let mut generated = 0i64;
+    let mut chunk = 0;
+    while generated < (WAL_MB as i64) << 20 {
+        // About 10 MB of WAL per chunk; one chunk in WAL_MB / PUBLISHED_MB is published.
+        if chunk % (WAL_MB / PUBLISHED_MB) == 0 {
+            let rows = 10_000;
+            pg.psql(&format!(
+                "INSERT INTO t SELECT g, repeat('p', 900) FROM generate_series({next_id}, {}) g",
+                next_id + rows - 1
+            ));
+            next_id += rows;
+        } else {
+            pg.psql("INSERT INTO other SELECT repeat('o', 900) FROM generate_series(1, 10000)");
+        }
+        chunk += 1;
+        let current: i64 = pg.psql(lag).parse().unwrap_or_else(|e| panic!("lag: {e}"));
+        worst_lag = worst_lag.max(current);
+        generated = pg
+            .psql(&generated_sql)
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    eprintln!("worst slot lag: {worst_lag} bytes while {generated} bytes of WAL were written");
+    // The other sink has every published row.
+    let lines = wb.wait_for_lines(next_id as usize, WAIT);
+    assert_eq!(
+        ids_with_op(&lines, "c"),
+        (0..next_id as i64).collect::<Vec<_>>()
+    );
+    // The slot kept advancing all along, and catches up at the end.
+    let caught_up = pg.wait_for(&format!("SELECT ({lag}) < 1024 * 1024"), "t", WAIT);
+    assert_eq!(
+        caught_up,
+        "t",
+        "the slot does not catch up; log:\n{}",
+        wb.log()
+    );
+    assert!(
+        worst_lag < 128 << 20,
+        "the slot fell {worst_lag} bytes behind while {generated} bytes of WAL were written; log:\n{}",
+        wb.log()
+    );
+    // Stopping does not hang on the blocked sink.
+    let status = running.stop(Duration::from_secs(60));
+    assert!(status.success(), "log:\n{}", wb.log());
+}
