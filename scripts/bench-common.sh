@@ -47,7 +47,10 @@ CONF
   local start; start=$(date +%s.%N)
   "$bin" run -c "$work/wb-$slot/config.toml" 2>"$work/wb-$slot/stderr.log" &
   wb_pid=$!
-  until [ "$(psql_db "$db" -c "SELECT confirmed_flush_lsn >= '$end' FROM pg_replication_slots WHERE slot_name = '$slot'")" = t ]; do
+  # Done when the sink has applied everything: the walsender's replay_lsn
+  # is walbridge's `apply` position (confirmed_flush_lsn only says the log
+  # holds it).
+  until [ "$(psql_db "$db" -c "SELECT coalesce(bool_or(replay_lsn >= '$end'), false) FROM pg_stat_replication WHERE application_name = 'bench'")" = t ]; do
     if ! kill -0 "$wb_pid" 2>/dev/null; then cat "$work/wb-$slot/stderr.log" >&2; return 1; fi
     sleep 0.02
   done

@@ -71,8 +71,8 @@ impl Appender {
             }
             SourceEvent::Change(change) => {
                 let Some(open) = self.open.as_mut() else {
-                    return Err(LogError::WriterStopped(
-                        "a change arrived outside a transaction".into(),
+                    return Err(LogError::OutOfOrder(
+                        "a change arrived outside a transaction",
                     ));
                 };
                 open.bytes += change.approximate_size();
@@ -99,8 +99,8 @@ impl Appender {
 
     async fn write_chunk(&mut self, last: bool) -> Result<(), LogError> {
         let Some(open) = self.open.as_mut() else {
-            return Err(LogError::WriterStopped(
-                "a commit arrived outside a transaction".into(),
+            return Err(LogError::OutOfOrder(
+                "a commit arrived outside a transaction",
             ));
         };
         let payload = self

@@ -60,6 +60,9 @@ pub enum LogError {
         /// The cause.
         source: RecordError,
     },
+    /// Events reached the log out of the order a source emits them.
+    #[error("log: {0}")]
+    OutOfOrder(&'static str),
     /// The writer stopped after an earlier failure.
     #[error("the log writer stopped: {0}")]
     WriterStopped(String),

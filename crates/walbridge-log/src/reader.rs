@@ -111,21 +111,14 @@ impl LogReader {
 
     /// The next record, or `None` when everything readable has been read.
     pub fn try_next(&mut self) -> Result<Option<ReadRecord>, LogError> {
-        let Some((header, header_bytes)) = self.read_header()? else {
+        let Some((header, payload)) = self.next_frame()? else {
             return Ok(None);
         };
-        let mut payload = vec![0u8; header.len as usize];
-        self.file
-            .read_exact(&mut payload)
-            .map_err(LogError::io("read", &self.path))?;
-        self.check(&header, &header_bytes, &payload)?;
         let entry = record::decode(Bytes::from(payload)).map_err(|source| LogError::Record {
             path: self.path.clone(),
             seq: header.seq,
             source,
         })?;
-        self.pos += header.frame_len();
-        self.next_seq += 1;
         Ok(Some(ReadRecord {
             seq: header.seq,
             lsn: header.lsn,
@@ -137,6 +130,11 @@ impl LogReader {
 
     /// Reads and verifies the next frame without decoding it.
     pub(crate) fn next_header(&mut self) -> Result<Option<FrameHeader>, LogError> {
+        Ok(self.next_frame()?.map(|(header, _)| header))
+    }
+
+    /// Reads and verifies the next frame, returning its header and payload.
+    fn next_frame(&mut self) -> Result<Option<(FrameHeader, Vec<u8>)>, LogError> {
         let Some((header, header_bytes)) = self.read_header()? else {
             return Ok(None);
         };
@@ -147,7 +145,7 @@ impl LogReader {
         self.check(&header, &header_bytes, &payload)?;
         self.pos += header.frame_len();
         self.next_seq += 1;
-        Ok(Some(header))
+        Ok(Some((header, payload)))
     }
 
     fn check(

@@ -19,16 +19,21 @@ pub enum OriginFilter {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ByteSize(pub u64);
 
+/// Splits `"64MiB"` into `64` and `"MiB"`.
+fn number_and_unit(text: &str) -> Option<(u64, &str)> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    Some((number.parse().ok()?, unit.trim()))
+}
+
 impl ByteSize {
     /// Parses `64MiB`, `64MB`, `512kB`, `1G`, `100`.
     pub fn parse(text: &str) -> Option<Self> {
-        let text = text.trim();
-        let split = text
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(text.len());
-        let (number, unit) = text.split_at(split);
-        let n: u64 = number.parse().ok()?;
-        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        let (n, unit) = number_and_unit(text)?;
+        let mult: u64 = match unit.to_ascii_lowercase().as_str() {
             "" | "b" => 1,
             "k" | "kb" | "kib" => 1 << 10,
             "m" | "mb" | "mib" => 1 << 20,
@@ -52,6 +57,46 @@ impl<'de> Deserialize<'de> for ByteSize {
             Raw::Text(t) => ByteSize::parse(&t).ok_or_else(|| {
                 serde::de::Error::custom(format!(
                     "`{t}` is not a size; write e.g. 64MiB, 512kB or 1GB"
+                ))
+            }),
+        }
+    }
+}
+
+/// A duration written as `"500ms"`, `"30s"`, `"15m"`, `"24h"`, `"7d"`, or whole seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DurationText(pub std::time::Duration);
+
+impl DurationText {
+    /// Parses the forms above.
+    pub fn parse(text: &str) -> Option<Self> {
+        let (n, unit) = number_and_unit(text)?;
+        let seconds = |mult: u64| n.checked_mul(mult).map(std::time::Duration::from_secs);
+        let d = match unit {
+            "ms" => Some(std::time::Duration::from_millis(n)),
+            "" | "s" => seconds(1),
+            "m" | "min" => seconds(60),
+            "h" => seconds(3600),
+            "d" => seconds(86_400),
+            _ => None,
+        }?;
+        Some(DurationText(d))
+    }
+}
+
+impl<'de> Deserialize<'de> for DurationText {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Int(n) => Ok(DurationText(std::time::Duration::from_secs(n))),
+            Raw::Text(t) => DurationText::parse(&t).ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "`{t}` is not a duration; write e.g. 500ms, 30s, 15m, 24h or 7d"
                 ))
             }),
         }
@@ -228,5 +273,18 @@ mod tests {
         assert_eq!(ByteSize::parse("1 GB"), Some(ByteSize(1 << 30)));
         assert_eq!(ByteSize::parse("lots"), None);
         assert_eq!(ByteSize::parse("5TB"), None);
+    }
+
+    #[test]
+    fn durations() {
+        use std::time::Duration;
+        let secs = |s| DurationText::parse(s).map(|d| d.0);
+        assert_eq!(secs("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(secs("30"), Some(Duration::from_secs(30)));
+        assert_eq!(secs("15m"), Some(Duration::from_secs(900)));
+        assert_eq!(secs("24h"), Some(Duration::from_secs(86_400)));
+        assert_eq!(secs("7d"), Some(Duration::from_secs(604_800)));
+        assert_eq!(secs("soon"), None);
+        assert_eq!(secs("5w"), None);
     }
 }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use walbridge_log::{FsyncPolicy, LogOptions, WhenFull};
-use walbridge_source::config::ByteSize;
+use walbridge_source::config::{ByteSize, DurationText};
 
 /// `fsync = …`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -26,51 +26,6 @@ pub enum WhenFullMode {
     Block,
     /// Drop the sink that is furthest behind; it needs a fresh snapshot.
     DropSink,
-}
-
-/// A duration written as `"500ms"`, `"30s"`, `"15m"`, `"24h"`, `"7d"`, or whole seconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DurationText(pub Duration);
-
-impl DurationText {
-    /// Parses the forms above.
-    pub fn parse(text: &str) -> Option<Self> {
-        let text = text.trim();
-        let split = text
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(text.len());
-        let (number, unit) = text.split_at(split);
-        let n: u64 = number.parse().ok()?;
-        let seconds = |mult: u64| n.checked_mul(mult).map(Duration::from_secs);
-        let d = match unit.trim() {
-            "ms" => Some(Duration::from_millis(n)),
-            "" | "s" => seconds(1),
-            "m" | "min" => seconds(60),
-            "h" => seconds(3600),
-            "d" => seconds(86_400),
-            _ => None,
-        }?;
-        Some(DurationText(d))
-    }
-}
-
-impl<'de> Deserialize<'de> for DurationText {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Int(u64),
-            Text(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Int(n) => Ok(DurationText(Duration::from_secs(n))),
-            Raw::Text(t) => DurationText::parse(&t).ok_or_else(|| {
-                serde::de::Error::custom(format!(
-                    "`{t}` is not a duration; write e.g. 500ms, 30s, 15m, 24h or 7d"
-                ))
-            }),
-        }
-    }
 }
 
 fn default_segment_size() -> ByteSize {
@@ -159,22 +114,5 @@ impl LogConfig {
             ));
         }
         problems
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        let secs = |s| DurationText::parse(s).map(|d| d.0);
-        assert_eq!(secs("500ms"), Some(Duration::from_millis(500)));
-        assert_eq!(secs("30"), Some(Duration::from_secs(30)));
-        assert_eq!(secs("15m"), Some(Duration::from_secs(900)));
-        assert_eq!(secs("24h"), Some(Duration::from_secs(86_400)));
-        assert_eq!(secs("7d"), Some(Duration::from_secs(604_800)));
-        assert_eq!(secs("soon"), None);
-        assert_eq!(secs("5w"), None);
     }
 }

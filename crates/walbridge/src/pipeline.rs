@@ -261,17 +261,22 @@ async fn forward_durable(
 ) {
     loop {
         let lsn = head.borrow_and_update().last_lsn;
-        durable.send_if_modified(|d| {
-            let advance = lsn > *d;
-            if advance {
-                *d = lsn;
-            }
-            advance
-        });
+        advance(&durable, lsn);
         if head.changed().await.is_err() {
             return;
         }
     }
+}
+
+/// Moves a position forward, never back, waking its receivers only when it moves.
+fn advance(position: &watch::Sender<Lsn>, lsn: Lsn) {
+    position.send_if_modified(|current| {
+        let forward = lsn > *current;
+        if forward {
+            *current = lsn;
+        }
+        forward
+    });
 }
 
 /// Follows the sinks' acknowledgements of one source: each moves its
@@ -292,13 +297,7 @@ async fn track_acks(
             lowest = Some(lowest.map_or(position.lsn, |l| l.min(position.lsn)));
         }
         if let Some(lsn) = lowest {
-            applied.send_if_modified(|a| {
-                let advance = lsn > *a;
-                if advance {
-                    *a = lsn;
-                }
-                advance
-            });
+            advance(&applied, lsn);
         }
         if acks.is_empty() {
             return;
