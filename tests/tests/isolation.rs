@@ -1,5 +1,7 @@
 //! One sink's trouble is nobody else's: with a sink blocked for good, the
-//! other sink keeps up and the publisher's slot keeps advancing.
+//! other sink keeps up and the publisher's slot keeps advancing; a failing
+//! sink is retried and, once its destination works again, catches up from
+//! its cursor.
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::time::Duration;
@@ -97,4 +99,66 @@ fn a_blocked_sink_stalls_neither_the_other_sink_nor_the_slot() {
     // Stopping does not hang on the blocked sink.
     let status = running.stop(Duration::from_secs(60));
     assert!(status.success(), "log:\n{}", wb.log());
+}
+
+#[test]
+fn a_failing_sink_is_retried_and_catches_up_from_its_cursor() {
+    let pg = Cluster::start();
+    pg.psql("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE t");
+    let wb = Deployment::new();
+    // Writes to /dev/full fail (ENOSPC) until the link points at a real file.
+    let link = wb.path().join("flaky.jsonl");
+    std::os::unix::fs::symlink("/dev/full", &link).unwrap_or_else(|e| panic!("{e}"));
+    wb.write_config(&format!(
+        "data_dir = \"{data}\"\n\n[[source]]\nname = \"src\"\nconnection = \"{conn}\"\npublications = [\"pub\"]\ncopy_data = false\n\n\
+         [[sink]]\nname = \"flaky\"\ntype = \"jsonl\"\npath = \"{link}\"\n\n\
+         [[sink]]\nname = \"out\"\ntype = \"jsonl\"\npath = \"{out}\"\n",
+        data = wb.path().join("data").display(),
+        conn = pg.connstr("postgres", "postgres"),
+        link = link.display(),
+        out = wb.output_path().display(),
+    ));
+    let running = wb.start();
+    pg.wait_for("SELECT count(*) FROM pg_stat_replication", "1", WAIT);
+    pg.psql("INSERT INTO t SELECT generate_series(1, 100)");
+    let lines = wb.wait_for_lines(100, WAIT);
+    assert_eq!(ids_with_op(&lines, "c"), (1..=100).collect::<Vec<_>>());
+    let deadline = std::time::Instant::now() + WAIT;
+    while !wb.log().contains("retrying in") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no retry logged:\n{}",
+            wb.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        wb.log().contains("No space left on device"),
+        "the cause is shown:\n{}",
+        wb.log()
+    );
+
+    let recovered = wb.path().join("recovered.jsonl");
+    std::fs::remove_file(&link).unwrap_or_else(|e| panic!("{e}"));
+    std::os::unix::fs::symlink(&recovered, &link).unwrap_or_else(|e| panic!("{e}"));
+    pg.psql("INSERT INTO t SELECT generate_series(101, 150)");
+    let ids = |path: &std::path::Path| -> Vec<i64> {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v["after"]["id"].as_i64())
+            .collect()
+    };
+    while ids(&recovered).len() < 150 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sink did not catch up; log:\n{}",
+            wb.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(running.stop(WAIT).success(), "log:\n{}", wb.log());
+    assert_eq!(ids(&recovered), (1..=150).collect::<Vec<_>>());
+    assert_eq!(ids_with_op(&wb.lines(), "c"), (1..=150).collect::<Vec<_>>());
 }

@@ -26,7 +26,8 @@ mod cursor;
 mod error;
 pub mod frame;
 mod log;
-#[allow(missing_docs, clippy::all)]
+// Generated; `Record` itself is read through `record::RecordView`.
+#[allow(missing_docs, clippy::all, dead_code)]
 mod pb {
     include!(concat!(env!("OUT_DIR"), "/walbridge.log.v1.rs"));
 }
@@ -40,5 +41,5 @@ pub use cursor::{CursorFile, CursorPosition, CursorState};
 pub use error::LogError;
 pub use log::{FsyncPolicy, Head, Log, LogOptions, Recovery, WhenFull};
 pub use reader::{LogReader, ReadRecord};
-pub use record::{Entry, RecordEncoder, RecordError};
+pub use record::{Entry, RecordDecoder, RecordEncoder, RecordError};
 pub use writer::{LogWriter, WRITE_BATCH};

@@ -12,7 +12,7 @@ use walbridge_core::Lsn;
 use crate::error::LogError;
 use crate::frame::{self, FrameError, FrameHeader, HEADER_LEN};
 use crate::log::{Head, Shared};
-use crate::record::{self, Entry};
+use crate::record::{Entry, RecordDecoder};
 use crate::segment::{self, SEGMENT_HEADER_LEN, segment_path};
 
 /// One record read from the log.
@@ -41,6 +41,7 @@ pub struct LogReader {
     file: BufReader<File>,
     pos: u64,
     next_seq: u64,
+    decoder: RecordDecoder,
 }
 
 impl LogReader {
@@ -94,6 +95,7 @@ impl LogReader {
             file,
             pos,
             next_seq: seq,
+            decoder: RecordDecoder::default(),
         })
     }
 
@@ -114,11 +116,14 @@ impl LogReader {
         let Some((header, payload)) = self.next_frame()? else {
             return Ok(None);
         };
-        let entry = record::decode(Bytes::from(payload)).map_err(|source| LogError::Record {
-            path: self.path.clone(),
-            seq: header.seq,
-            source,
-        })?;
+        let entry = self
+            .decoder
+            .decode(Bytes::from(payload))
+            .map_err(|source| LogError::Record {
+                path: self.path.clone(),
+                seq: header.seq,
+                source,
+            })?;
         Ok(Some(ReadRecord {
             seq: header.seq,
             lsn: header.lsn,

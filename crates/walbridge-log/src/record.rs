@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use prost::Message as _;
 use walbridge_core::{
     Change, Column, Datum, EventBatch, LogicalMessage, Lsn, OldRow, OldRowKind, Origin,
@@ -86,13 +87,29 @@ pub enum RecordError {
     Invalid(&'static str),
 }
 
-/// Turns the core model into record payloads, caching relation descriptors
-/// so that a table's descriptor is converted once, not once per record.
+/// `walbridge.log.v1.Record` with its relation descriptors left encoded.
+///
+/// On the wire an embedded message and `bytes` are the same, so this reads
+/// and writes exactly the generated `Record`; keeping descriptors as bytes
+/// lets both sides encode and decode a table's descriptor once, not once
+/// per record.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RecordView {
+    #[prost(uint32, tag = "1")]
+    format: u32,
+    #[prost(bytes = "bytes", repeated, tag = "2")]
+    relations: Vec<Bytes>,
+    #[prost(oneof = "pb::record::Body", tags = "3, 4, 5, 6")]
+    body: Option<pb::record::Body>,
+}
+
+/// Turns the core model into record payloads, caching encoded relation
+/// descriptors.
 #[derive(Default)]
 pub struct RecordEncoder {
     /// Keyed by the descriptor's address; the `Arc` kept in the value keeps
     /// the address from being reused.
-    relations: HashMap<usize, (Arc<Relation>, pb::Relation)>,
+    relations: HashMap<usize, (Arc<Relation>, Bytes)>,
 }
 
 /// Descriptors cached before the cache starts over (schema changes create
@@ -102,7 +119,7 @@ const RELATION_CACHE: usize = 4096;
 /// The relations of one record being built.
 struct RecordRelations<'a> {
     encoder: &'a mut RecordEncoder,
-    list: Vec<pb::Relation>,
+    list: Vec<Bytes>,
     positions: HashMap<usize, u32>,
 }
 
@@ -121,7 +138,12 @@ impl RecordRelations<'_> {
             .encoder
             .relations
             .entry(key)
-            .or_insert_with(|| (relation.clone(), relation_to_pb(relation)))
+            .or_insert_with(|| {
+                (
+                    relation.clone(),
+                    Bytes::from(relation_to_pb(relation).encode_to_vec()),
+                )
+            })
             .1;
         let i = self.list.len() as u32;
         self.list.push(encoded.clone());
@@ -193,8 +215,8 @@ impl RecordEncoder {
     }
 }
 
-fn finish(relations: Vec<pb::Relation>, body: pb::record::Body) -> Vec<u8> {
-    pb::Record {
+fn finish(relations: Vec<Bytes>, body: pb::record::Body) -> Vec<u8> {
+    RecordView {
         format: FORMAT,
         relations,
         body: Some(body),
@@ -339,17 +361,48 @@ fn change_to_pb(change: &Change, relations: &mut RecordRelations<'_>) -> pb::Cha
     }
 }
 
-/// Decodes a record payload (zero-copy: column values share `payload`).
-pub fn decode(payload: bytes::Bytes) -> Result<Entry, RecordError> {
-    let record = pb::Record::decode(payload)?;
-    if record.format > FORMAT {
-        return Err(RecordError::Format(record.format));
+/// Decodes record payloads, caching the relation descriptors it has seen
+/// (a table's descriptor is decoded once, and its rows share one `Arc`).
+#[derive(Debug, Default)]
+pub struct RecordDecoder {
+    relations: HashMap<Bytes, Arc<Relation>>,
+}
+
+impl RecordDecoder {
+    /// Decodes a record payload (zero-copy: column values share `payload`).
+    pub fn decode(&mut self, payload: Bytes) -> Result<Entry, RecordError> {
+        let record = RecordView::decode(payload)?;
+        if record.format > FORMAT {
+            return Err(RecordError::Format(record.format));
+        }
+        if self.relations.len() >= RELATION_CACHE {
+            self.relations.clear();
+        }
+        let relations = record
+            .relations
+            .into_iter()
+            .map(|bytes| match self.relations.get(&bytes) {
+                Some(r) => Ok(r.clone()),
+                None => {
+                    let r = Arc::new(relation_from_pb(pb::Relation::decode(bytes.clone())?)?);
+                    self.relations.insert(bytes, r.clone());
+                    Ok(r)
+                }
+            })
+            .collect::<Result<Vec<_>, RecordError>>()?;
+        decode_body(record.body, &relations)
     }
-    let relations = record
-        .relations
-        .into_iter()
-        .map(|r| relation_from_pb(r).map(Arc::new))
-        .collect::<Result<Vec<_>, _>>()?;
+}
+
+/// Decodes one record payload without a cache.
+pub fn decode(payload: Bytes) -> Result<Entry, RecordError> {
+    RecordDecoder::default().decode(payload)
+}
+
+fn decode_body(
+    body: Option<pb::record::Body>,
+    relations: &[Arc<Relation>],
+) -> Result<Entry, RecordError> {
     let relation = |i: u32| {
         relations
             .get(i as usize)
@@ -358,7 +411,7 @@ pub fn decode(payload: bytes::Bytes) -> Result<Entry, RecordError> {
                 "a change refers to a missing relation",
             ))
     };
-    Ok(match record.body {
+    Ok(match body {
         None => return Err(RecordError::Invalid("record without a body")),
         Some(pb::record::Body::Transaction(t)) => {
             let info = t

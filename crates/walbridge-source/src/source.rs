@@ -117,6 +117,9 @@ enum CopyOutcome {
     Stopped,
 }
 
+/// The shortest time between two status updates sent because downstream progressed.
+const STATUS_GAP: Duration = Duration::from_millis(10);
+
 /// Changes per batch handed downstream; a large transaction goes in several.
 const MAX_BATCH: usize = 256;
 
@@ -666,6 +669,10 @@ impl Source {
             t
         });
         let mut applied = positions.applied.clone();
+        // Progress is reported promptly but coalesced: one status update
+        // per STATUS_GAP at most, however often the log or the sinks move.
+        let mut status_due = None;
+        let mut last_status = tokio::time::Instant::now();
         loop {
             if *shutdown.borrow_and_update() {
                 return self.finish(conn, flushed, assembler, positions).await;
@@ -717,10 +724,14 @@ impl Source {
                     }
                 }
                 _ = flushed.changed() => {
-                    let acked = *flushed.borrow();
-                    self.send_status(&mut conn, positions, acked, assembler).await?;
+                    status_due.get_or_insert(last_status + STATUS_GAP);
                 }
                 Ok(()) = applied.changed() => {
+                    status_due.get_or_insert(last_status + STATUS_GAP);
+                }
+                _ = tokio::time::sleep_until(status_due.unwrap_or(last_status)), if status_due.is_some() => {
+                    status_due = None;
+                    last_status = tokio::time::Instant::now();
                     let acked = *flushed.borrow();
                     self.send_status(&mut conn, positions, acked, assembler).await?;
                 }

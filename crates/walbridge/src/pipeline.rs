@@ -27,9 +27,15 @@ use walbridge_source::{Downstream, Source};
 use crate::config::{Config, SinkConfig};
 use crate::sink::{LogPosition, Routed, Sink, SourceContext};
 
-/// Event batches queued between a source and its log, and log records
-/// queued between a feeder and its sink.
+/// Event batches (up to 256 events each) queued between a source and its log.
 const QUEUE: usize = 64;
+
+/// Hand-overs queued between a feeder and its sink: each holds up to
+/// [`FEED_BATCH`] events, or one log record (a chunk of up to about 1 MiB).
+const SINK_QUEUE: usize = 16;
+
+/// Events a feeder gathers from consecutive records into one hand-over.
+const FEED_BATCH: usize = 256;
 
 /// How long a stopping pipeline lets the sinks catch up with the logs.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
@@ -330,12 +336,20 @@ async fn supervise(
     let mut next = Some(first);
     let mut backoff = Duration::from_millis(500);
     loop {
-        let outcome = match next.take() {
-            Some(sink) => run_sink(sink, &name, &inputs, closing.clone()).await,
-            None => match Sink::open(&config, &cursor_dir) {
-                Ok(sink) => run_sink(sink, &name, &inputs, closing.clone()).await,
-                Err(e) => Err(SinkStop::Sink(e)),
-            },
+        let sink = match next.take() {
+            Some(sink) => Ok(sink),
+            // Opening may block (a FIFO waits for its reader): not on a runtime thread.
+            None => {
+                let (config, dir) = (config.clone(), cursor_dir.clone());
+                tokio::task::spawn_blocking(move || Sink::open(&config, &dir))
+                    .await
+                    .map_err(|e| anyhow!("sink `{name}`: opening panicked: {e}"))
+                    .and_then(|r| r)
+            }
+        };
+        let outcome = match sink {
+            Ok(sink) => run_sink(sink, &name, &inputs, closing.clone()).await,
+            Err(e) => Err(SinkStop::Sink(e)),
         };
         match outcome {
             Ok(()) => return Ok(()),
@@ -367,7 +381,7 @@ async fn run_sink(
     inputs: &[SinkInput],
     closing: watch::Receiver<bool>,
 ) -> Result<(), SinkStop> {
-    let (tx, rx) = mpsc::channel::<Routed>(QUEUE);
+    let (tx, rx) = mpsc::channel::<Routed>(SINK_QUEUE);
     let abort = Arc::new(watch::Sender::new(false));
     let mut feeders = Vec::new();
     for input in inputs {
@@ -454,14 +468,23 @@ impl Feeder {
             let context = || format!("sink `{}`, source `{}`", self.sink, self.context.name);
             match self.reader.try_next().with_context(context)? {
                 Some(record) => {
-                    let routed = Routed {
+                    let mut routed = Routed {
                         source: self.context.clone(),
-                        position: record.unit_end.then_some(LogPosition {
+                        position: None,
+                        events: Vec::new(),
+                    };
+                    let mut next = Some(record);
+                    // Small records travel together: one hand-over per batch, not per transaction.
+                    while let Some(record) = next.take() {
+                        routed.position = record.unit_end.then_some(LogPosition {
                             next: record.seq + 1,
                             lsn: record.lsn,
-                        }),
-                        events: record.entry.into_events(),
-                    };
+                        });
+                        routed.events.extend(record.entry.into_events());
+                        if routed.events.len() < FEED_BATCH {
+                            next = self.reader.try_next().with_context(context)?;
+                        }
+                    }
                     if self.queue.blocking_send(routed).is_err() {
                         return Ok(());
                     }

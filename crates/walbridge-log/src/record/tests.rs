@@ -1,5 +1,4 @@
 use super::*;
-use bytes::Bytes;
 
 fn relation(id: u32, name: &str) -> Arc<Relation> {
     Arc::new(Relation {
@@ -143,6 +142,31 @@ fn snapshots_and_messages_round_trip() {
     };
     let entry = decode(Bytes::from(encoder.message(&m))).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(entry, Entry::Message(m));
+}
+
+#[test]
+fn the_generated_record_type_reads_what_the_encoder_writes() {
+    let batch = SnapshotBatch {
+        relation: relation(3, "c"),
+        rows: vec![vec![text("1"), text("{a,b}")]],
+        consistent_point: Lsn(500),
+    };
+    let payload = RecordEncoder::default().snapshot(&batch);
+    let record = pb::Record::decode(payload.as_slice()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(record.relations.len(), 1);
+    assert_eq!(record.relations[0].name, "c");
+    assert_eq!(record.relations[0].columns[1].type_name, "_text");
+    // And the cached decoder shares one descriptor across records.
+    let mut decoder = RecordDecoder::default();
+    let first = decoder.decode(Bytes::from(payload.clone()));
+    let second = decoder.decode(Bytes::from(payload));
+    match (first, second) {
+        (Ok(Entry::Snapshot(a)), Ok(Entry::Snapshot(b))) => {
+            assert!(Arc::ptr_eq(&a.relation, &b.relation));
+            assert_eq!(a, batch);
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

@@ -32,15 +32,15 @@ pub struct SourceContext {
     pub acked: watch::Sender<LogPosition>,
 }
 
-/// Events of one log record, together with their source.
+/// Events of consecutive log records, together with their source.
 #[derive(Debug)]
 pub struct Routed {
     /// The source.
     pub source: Arc<SourceContext>,
     /// The events, in order.
     pub events: EventBatch,
-    /// Set when the record completes a unit: the position after it, which
-    /// a cursor may store.
+    /// Set when the last record completes a unit: the position after it,
+    /// which a cursor may store.
     pub position: Option<LogPosition>,
 }
 
