@@ -10,7 +10,7 @@ use serde_json::Value;
 use walbridge_tests::Cluster;
 use walbridge_tests::walbridge::Deployment;
 
-const WAIT: Duration = Duration::from_secs(300);
+const WAIT: Duration = Duration::from_secs(200);
 const CHUNKS: u64 = 20;
 const PER_CHUNK: u64 = 1000;
 

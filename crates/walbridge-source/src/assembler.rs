@@ -416,6 +416,7 @@ impl Assembler {
                     },
                 )?;
                 txn.gid = Some(body.gid.clone());
+                self.adopt_relations(&mut txn);
                 self.prepare_lsns.insert(body.gid.clone(), body.prepare_lsn);
                 self.prepared.insert(body.gid, txn);
             }
@@ -464,12 +465,13 @@ impl Assembler {
                 commit_time,
                 ..
             } => {
-                let txn = self.streamed.remove(&xid).ok_or(
+                let mut txn = self.streamed.remove(&xid).ok_or(
                     AssemblyError::UnknownStreamedTransaction {
                         what: "Stream Commit",
                         xid,
                     },
                 )?;
+                self.adopt_relations(&mut txn);
                 return Ok(self.committed(txn, commit_lsn, end_lsn, commit_time));
             }
             Message::StreamAbort { xid, subxid, .. } => {
@@ -654,6 +656,13 @@ impl Assembler {
                 _ => return Ok(()),
             }
         }
+    }
+
+    /// A streamed transaction that commits (or is prepared) makes the
+    /// descriptors sent inside it current: pgoutput then counts them as
+    /// sent and describes those tables to later transactions no more.
+    fn adopt_relations(&mut self, txn: &mut OpenTransaction) {
+        self.relations.extend(txn.relations.drain());
     }
 
     fn committed(

@@ -329,6 +329,87 @@ fn relations_inside_a_stream_stay_with_that_transaction() {
         panic!("not an insert")
     };
     assert_eq!(relation.columns.len(), 2);
+    // pgoutput counts the schema as sent once the streamed transaction
+    // commits: later plain transactions get no Relation message and use it.
+    push(
+        &mut a,
+        Message::Begin {
+            final_lsn: Lsn(15),
+            commit_time: PgTimestamp(0),
+            xid: 3,
+        },
+    );
+    push(
+        &mut a,
+        Message::Insert {
+            xid: None,
+            relation_id: 1,
+            new: vec![text("3"), text("4")],
+        },
+    );
+    let later = committed(push(
+        &mut a,
+        Message::Commit {
+            flags: 0,
+            commit_lsn: Lsn(15),
+            end_lsn: Lsn(16),
+            commit_time: PgTimestamp(0),
+        },
+    ));
+    let changes: Vec<_> = later
+        .changes
+        .into_changes()
+        .unwrap_or_else(|e| panic!("{e}"))
+        .collect();
+    let Ok(Change::Insert { relation, .. }) = &changes[0] else {
+        panic!("not an insert")
+    };
+    assert_eq!(relation.columns.len(), 2);
+}
+
+#[test]
+fn a_relation_first_described_in_a_stream_serves_later_transactions() {
+    let (_dir, mut a) = assembler(1 << 20);
+    push(
+        &mut a,
+        Message::StreamStart {
+            xid: 10,
+            first_segment: true,
+        },
+    );
+    a.set_relation(relation(7, &["id"]), Some(10))
+        .unwrap_or_else(|e| panic!("{e}"));
+    push(&mut a, insert(Some(10), 7, "1"));
+    push(&mut a, Message::StreamStop);
+    committed(push(
+        &mut a,
+        Message::StreamCommit {
+            xid: 10,
+            flags: 0,
+            commit_lsn: Lsn(9),
+            end_lsn: Lsn(10),
+            commit_time: PgTimestamp(0),
+        },
+    ));
+    push(
+        &mut a,
+        Message::Begin {
+            final_lsn: Lsn(15),
+            commit_time: PgTimestamp(0),
+            xid: 3,
+        },
+    );
+    push(&mut a, insert(None, 7, "2"));
+    let t = committed(push(
+        &mut a,
+        Message::Commit {
+            flags: 0,
+            commit_lsn: Lsn(15),
+            end_lsn: Lsn(16),
+            commit_time: PgTimestamp(0),
+        },
+    ));
+    assert_eq!(values(t), vec!["2".to_owned()]);
 }
 
 #[test]
