@@ -384,3 +384,28 @@ async fn a_reader_waits_for_new_records() {
     assert_eq!(ok(seen), 50);
     ok(writer.close().await);
 }
+
+#[tokio::test]
+async fn retention_time_keeps_read_segments_until_they_are_old_enough() {
+    let dir = ok(tempfile::tempdir());
+    let options = LogOptions {
+        retention_time: Some(Duration::from_millis(400)),
+        ..small_segments()
+    };
+    let (log, writer, _) = ok(Log::open(dir.path(), options));
+    log.register_cursor("a", 0);
+    append_all(&writer, 0..300).await;
+    wait_for_head(&log, 300).await;
+    let before = segments(dir.path()).len();
+    ok(log.advance_cursor("a", 300));
+    assert_eq!(
+        segments(dir.path()).len(),
+        before,
+        "young segments are kept for replay"
+    );
+    assert_eq!(read_all(&log, 0).len(), 300, "and can be replayed");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ok(log.collect());
+    assert_eq!(segments(dir.path()).len(), 1, "old ones go");
+    ok(writer.close().await);
+}
