@@ -374,6 +374,15 @@ impl Cluster {
         }
     }
 
+    /// Waits until a walsender is streaming changes (past slot creation and
+    /// the initial copy, whose snapshot would otherwise include what a test
+    /// writes next); panics after `timeout`.
+    pub fn wait_for_streaming(&self, timeout: Duration) {
+        let sql = "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'";
+        let value = self.wait_for(sql, "1", timeout);
+        assert_eq!(value, "1", "no walsender streaming after {timeout:?}");
+    }
+
     /// Restarts the server (fast shutdown: connections are terminated).
     pub fn restart(&self) {
         let mut c = server_command("pg_ctl");

@@ -107,7 +107,7 @@ fn every_transaction_reaches_the_sink_exactly_once_across_repeated_kills() {
     let expected: u64 = (0..CHUNKS * PER_CHUNK).map(|i| transaction(i).1).sum();
 
     let mut running = wb.start();
-    pg.wait_for("SELECT count(*) FROM pg_stat_replication", "1", WAIT);
+    pg.wait_for_streaming(WAIT);
     let mut kills = 0;
     running = std::thread::scope(|scope| {
         let writer = scope.spawn(|| {

@@ -46,7 +46,7 @@ fn a_blocked_sink_stalls_neither_the_other_sink_nor_the_slot() {
         out = wb.output_path().display(),
     ));
     let running = wb.start();
-    pg.wait_for("SELECT count(*) FROM pg_stat_replication", "1", WAIT);
+    pg.wait_for_streaming(WAIT);
 
     let lag = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint FROM pg_replication_slots WHERE slot_name = 'walbridge_src'";
     let start = pg.psql("SELECT pg_current_wal_lsn()");
@@ -119,7 +119,7 @@ fn a_failing_sink_is_retried_and_catches_up_from_its_cursor() {
         out = wb.output_path().display(),
     ));
     let running = wb.start();
-    pg.wait_for("SELECT count(*) FROM pg_stat_replication", "1", WAIT);
+    pg.wait_for_streaming(WAIT);
     pg.psql("INSERT INTO t SELECT generate_series(1, 100)");
     let lines = wb.wait_for_lines(100, WAIT);
     assert_eq!(ids_with_op(&lines, "c"), (1..=100).collect::<Vec<_>>());

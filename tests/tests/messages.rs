@@ -21,7 +21,7 @@ fn streamed_transactions_with_subtransaction_aborts_spill_and_commit_in_order() 
     let wb = Deployment::new();
     wb.configure(&pg, "postgres", "pub", "spill_threshold = \"256kB\"");
     let running = wb.start();
-    pg.wait_for("SELECT count(*) FROM pg_stat_replication", "1", WAIT);
+    pg.wait_for_streaming(WAIT);
 
     let rows = |from: i32, to: i32| {
         format!("INSERT INTO big SELECT g, repeat('x', 100) FROM generate_series({from}, {to}) g;")
@@ -122,7 +122,7 @@ fn two_phase_transactions_arrive_at_commit_prepared() {
     let wb = Deployment::new();
     wb.configure(&pg, "postgres", "pub", "two_phase = true");
     let running = wb.start();
-    pg.wait_for("SELECT count(*) FROM pg_stat_replication", "1", WAIT);
+    pg.wait_for_streaming(WAIT);
     assert_eq!(
         pg.psql("SELECT two_phase FROM pg_replication_slots WHERE slot_name = 'walbridge_src'"),
         "t"
@@ -154,7 +154,7 @@ fn logical_messages_and_truncates() {
     let wb = Deployment::new();
     wb.configure(&pg, "postgres", "pub", "copy_data = false");
     let running = wb.start();
-    pg.wait_for("SELECT count(*) FROM pg_stat_replication", "1", WAIT);
+    pg.wait_for_streaming(WAIT);
     pg.psql("BEGIN; INSERT INTO parent DEFAULT VALUES; SELECT pg_logical_emit_message(true, 'audit', 'in txn'); COMMIT");
     pg.psql("SELECT pg_logical_emit_message(false, 'beat', '\\x00ff'::bytea)");
     pg.psql("TRUNCATE parent, child RESTART IDENTITY");
@@ -214,7 +214,7 @@ fn replica_identities_shape_the_old_row() {
         .replace("[\"pub\"]", "[\"pub\", \"pub_ins\"]");
     wb.write_config(&config);
     let running = wb.start();
-    pg.wait_for("SELECT count(*) FROM pg_stat_replication", "1", WAIT);
+    pg.wait_for_streaming(WAIT);
     pg.psql("INSERT INTO d VALUES (1, 'a'); UPDATE d SET v = 'b'; DELETE FROM d");
     pg.psql("INSERT INTO i VALUES (1, 'k1', 'a'); UPDATE i SET v = 'b'; UPDATE i SET code = 'k2'; DELETE FROM i");
     pg.psql("INSERT INTO f VALUES (1, 'a'), (1, 'a'); UPDATE f SET v = 'b'; DELETE FROM f");
@@ -265,7 +265,7 @@ fn unchanged_toast_values_are_reported_as_unavailable() {
     let wb = Deployment::new();
     wb.configure(&pg, "postgres", "pub", "copy_data = false");
     let running = wb.start();
-    pg.wait_for("SELECT count(*) FROM pg_stat_replication", "1", WAIT);
+    pg.wait_for_streaming(WAIT);
     let big = "(SELECT string_agg(md5(g::text), '') FROM generate_series(1, 16000) g)";
     pg.psql(&format!(
         "INSERT INTO docs VALUES (1, 0, {big}); INSERT INTO docs_full VALUES (1, 0, {big})"

@@ -139,7 +139,7 @@ fn out_of_replication_slots_and_wal_senders() {
 
     pg.psql("SELECT pg_drop_replication_slot('other')");
     let running = wb.start();
-    pg.wait_for("SELECT count(*) FROM pg_stat_replication", "1", WAIT);
+    pg.wait_for_streaming(WAIT);
     let second = Deployment::new();
     second.configure(&pg, "postgres", "pub", "slot = \"second\"");
     assert_check_fails(&second, "max_wal_senders");

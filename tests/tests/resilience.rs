@@ -17,7 +17,7 @@ fn reconnects_after_the_publisher_restarts() {
     let wb = Deployment::new();
     wb.configure(&pg, "postgres", "pub", "copy_data = false");
     let running = wb.start();
-    pg.wait_for("SELECT count(*) FROM pg_stat_replication", "1", WAIT);
+    pg.wait_for_streaming(WAIT);
     pg.psql("INSERT INTO t SELECT generate_series(1, 10)");
     wb.wait_for_lines(10, WAIT);
     pg.restart();
@@ -109,7 +109,7 @@ fn an_idle_publication_does_not_hold_back_the_slot() {
         "copy_data = false\nstatus_interval = 1",
     );
     let running = wb.start();
-    pg.wait_for("SELECT count(*) FROM pg_stat_replication", "1", WAIT);
+    pg.wait_for_streaming(WAIT);
     // 200 MB of WAL, none of it published.
     for _ in 0..20 {
         pg.psql("INSERT INTO other SELECT repeat('x', 1000) FROM generate_series(1, 10000)");
@@ -136,7 +136,7 @@ fn heartbeats_move_the_slot_on_a_quiet_database_and_stay_out_of_the_output() {
         "copy_data = false\nstatus_interval = 1\nheartbeat_interval = 1\nmessages = true",
     );
     let running = wb.start();
-    pg.wait_for("SELECT count(*) FROM pg_stat_replication", "1", WAIT);
+    pg.wait_for_streaming(WAIT);
     let start = pg.psql("SELECT pg_current_wal_lsn()");
     let advanced = pg.wait_for(
         &format!("SELECT confirmed_flush_lsn > '{start}' FROM pg_replication_slots WHERE slot_name = 'walbridge_src'"),
@@ -174,7 +174,7 @@ fn origin_none_skips_replicated_changes() {
         "copy_data = false\norigin = \"none\"",
     );
     let running = wb.start();
-    pg.wait_for("SELECT count(*) FROM pg_stat_replication", "1", WAIT);
+    pg.wait_for_streaming(WAIT);
     pg.psql("SELECT pg_replication_origin_session_setup('upstream'); INSERT INTO t VALUES (1); SELECT pg_replication_origin_session_reset()");
     pg.psql("INSERT INTO t VALUES (2)");
     let lines = wb.wait_for_lines(1, WAIT);

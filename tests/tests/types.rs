@@ -127,7 +127,7 @@ fn binary_mode_gives_the_same_values_where_json_can_tell() {
     let wb = Deployment::new();
     wb.configure(&pg, "postgres", "pub", "binary = true");
     let running = wb.start();
-    pg.wait_for("SELECT count(*) FROM pg_stat_replication", "1", WAIT);
+    pg.wait_for_streaming(WAIT);
     pg.psql(&ROW.replace("ID", "1"));
     let lines = wb.wait_for_lines(1, WAIT);
     assert!(running.stop(WAIT).success());
