@@ -24,27 +24,7 @@ fn a_blocked_sink_stalls_neither_the_other_sink_nor_the_slot() {
          CREATE PUBLICATION pub FOR TABLE t",
     );
     let wb = Deployment::new();
-    // A FIFO nobody reads: the sink writing to it blocks once the pipe is full.
-    let fifo = wb.path().join("stuck.fifo");
-    let path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes())
-        .unwrap_or_else(|e| panic!("{e}"));
-    // SAFETY: mkfifo(3) with a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
-    // Hold the read end open (without reading) so the sink can open the write end.
-    let _reader = std::fs::File::options()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(&fifo)
-        .unwrap_or_else(|e| panic!("open fifo: {e}"));
-    wb.write_config(&format!(
-        "data_dir = \"{data}\"\n\n[[source]]\nname = \"src\"\nconnection = \"{conn}\"\npublications = [\"pub\"]\ncopy_data = false\nstatus_interval = 1\n\n\
-         [[sink]]\nname = \"stuck\"\ntype = \"jsonl\"\npath = \"{fifo}\"\n\n\
-         [[sink]]\nname = \"out\"\ntype = \"jsonl\"\npath = \"{out}\"\n",
-        data = wb.path().join("data").display(),
-        conn = pg.connstr("postgres", "postgres"),
-        fifo = fifo.display(),
-        out = wb.output_path().display(),
-    ));
+    let _stuck = configure_with_stuck_sink(&wb, &pg, "");
     let running = wb.start();
     pg.wait_for_streaming(WAIT);
 
@@ -161,4 +141,128 @@ fn a_failing_sink_is_retried_and_catches_up_from_its_cursor() {
     assert!(running.stop(WAIT).success(), "log:\n{}", wb.log());
     assert_eq!(ids(&recovered), (1..=150).collect::<Vec<_>>());
     assert_eq!(ids_with_op(&wb.lines(), "c"), (1..=150).collect::<Vec<_>>());
+}
+
+/// A FIFO nobody reads: a sink writing to it blocks once the pipe is full.
+/// The returned file holds the read end open (without reading), so the
+/// sink can open the write end; keep it alive.
+fn stuck_fifo(wb: &Deployment) -> (std::path::PathBuf, std::fs::File) {
+    let fifo = wb.path().join("stuck.fifo");
+    let path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes())
+        .unwrap_or_else(|e| panic!("{e}"));
+    // SAFETY: mkfifo(3) with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+    let reader = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .unwrap_or_else(|e| panic!("open fifo: {e}"));
+    (fifo, reader)
+}
+
+/// Configures source `src` (publication `pub`, no copy) with two sinks:
+/// `stuck`, blocked for good, and `out`, the deployment's output file;
+/// `log` is the `[log]` section's body.
+fn configure_with_stuck_sink(wb: &Deployment, pg: &Cluster, log: &str) -> std::fs::File {
+    let (fifo, reader) = stuck_fifo(wb);
+    wb.write_config(&format!(
+        "data_dir = \"{data}\"\n\n[log]\n{log}\n\n[[source]]\nname = \"src\"\nconnection = \"{conn}\"\npublications = [\"pub\"]\ncopy_data = false\nstatus_interval = 1\n\n\
+         [[sink]]\nname = \"stuck\"\ntype = \"jsonl\"\npath = \"{fifo}\"\n\n\
+         [[sink]]\nname = \"out\"\ntype = \"jsonl\"\npath = \"{out}\"\n",
+        data = wb.path().join("data").display(),
+        conn = pg.connstr("postgres", "postgres"),
+        fifo = fifo.display(),
+        out = wb.output_path().display(),
+    ));
+    reader
+}
+
+/// Inserts `rows` rows of ~1 kB into `t`, ids from `from`.
+fn insert_rows(pg: &Cluster, from: i64, rows: i64) {
+    pg.psql(&format!(
+        "INSERT INTO t SELECT g, repeat('p', 900) FROM generate_series({from}, {}) g",
+        from + rows - 1
+    ));
+}
+
+#[test]
+fn at_max_size_drop_sink_gives_up_on_the_stuck_sink_and_the_rest_goes_on() {
+    let pg = Cluster::start();
+    pg.psql("CREATE TABLE t (id bigint PRIMARY KEY, pad text); CREATE PUBLICATION pub FOR TABLE t");
+    let wb = Deployment::new();
+    let _stuck = configure_with_stuck_sink(
+        &wb,
+        &pg,
+        "segment_size = \"256kB\"\nmax_size = \"1MiB\"\nwhen_full = \"drop_sink\"",
+    );
+    let running = wb.start();
+    pg.wait_for_streaming(WAIT);
+    for chunk in 0..10 {
+        insert_rows(&pg, chunk * 1000, 1000);
+    }
+    let lines = wb.wait_for_lines(10_000, WAIT);
+    assert_eq!(ids_with_op(&lines, "c"), (0..10_000).collect::<Vec<_>>());
+    assert!(
+        wb.log()
+            .contains("dropping the sink that is furthest behind")
+            && wb.log().contains("cursor=stuck"),
+        "the drop is reported:\n{}",
+        wb.log()
+    );
+    // 10 MB went through a log that never held much more than 1 MiB.
+    assert!(
+        wb.log_bytes() <= 1536 << 10,
+        "log holds {} bytes",
+        wb.log_bytes()
+    );
+    let caught_up = pg.wait_for(
+        "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) < 1024 * 1024 FROM pg_replication_slots WHERE slot_name = 'walbridge_src'",
+        "t",
+        WAIT,
+    );
+    assert_eq!(caught_up, "t");
+    running.kill();
+}
+
+#[test]
+fn at_max_size_block_stops_reading_and_the_slot_retains_the_wal() {
+    let pg = Cluster::start();
+    pg.psql("CREATE TABLE t (id bigint PRIMARY KEY, pad text); CREATE PUBLICATION pub FOR TABLE t");
+    let wb = Deployment::new();
+    let _stuck = configure_with_stuck_sink(
+        &wb,
+        &pg,
+        "segment_size = \"256kB\"\nmax_size = \"1MiB\"\nwhen_full = \"block\"",
+    );
+    let running = wb.start();
+    pg.wait_for_streaming(WAIT);
+    for chunk in 0..10 {
+        insert_rows(&pg, chunk * 1000, 1000);
+    }
+    let deadline = std::time::Instant::now() + WAIT;
+    while !wb.log().contains("the log is at max_size") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no blocking reported:\n{}",
+            wb.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    // The log stays bounded; what does not fit stays in the publisher's WAL.
+    assert!(
+        wb.log_bytes() <= (1536 << 10) + (2 << 20),
+        "log holds {} bytes",
+        wb.log_bytes()
+    );
+    let lag: i64 = pg
+        .psql("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint FROM pg_replication_slots WHERE slot_name = 'walbridge_src'")
+        .parse()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(lag > 4 << 20, "the slot retains the unread WAL: lag {lag}");
+    assert!(
+        wb.lines().len() < 10_000,
+        "the other sink waits too (the source stopped)"
+    );
+    running.kill();
 }

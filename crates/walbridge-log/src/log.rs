@@ -38,7 +38,8 @@ pub enum WhenFull {
     /// reading, and the publisher's slot retains WAL meanwhile.
     Block,
     /// Give up on the slowest sinks: their cursors are dropped (the sink
-    /// needs a fresh snapshot) and the space is reclaimed.
+    /// needs a fresh snapshot) and the space is reclaimed. While no sink is
+    /// behind another (all are level), appends wait as with `Block`.
     DropSink,
 }
 
@@ -343,9 +344,15 @@ impl Log {
                 continue;
             }
             if !behind_all && over_max && options.when_full == WhenFull::DropSink {
+                // Drop the cursor(s) furthest behind, and only those another
+                // cursor is ahead of: while all are level, appends wait (as
+                // with `block`) until one moves on. If another still needs
+                // the segment, it stays until that one moves on too.
+                let slowest = cursors.values().copied().min().unwrap_or(0);
+                let fastest = cursors.values().copied().max().unwrap_or(0);
                 let slow: Vec<String> = cursors
                     .iter()
-                    .filter(|&(_, &c)| c < seg.next_seq)
+                    .filter(|&(_, &c)| c == slowest && c < fastest)
                     .map(|(n, _)| n.clone())
                     .collect();
                 for name in slow {
@@ -358,9 +365,11 @@ impl Log {
                     cursors.remove(&name);
                     dropped.insert(name);
                 }
-                remove.push(base);
-                total -= seg.len;
-                continue;
+                if cursors.values().all(|&c| c >= seg.next_seq) {
+                    remove.push(base);
+                    total -= seg.len;
+                    continue;
+                }
             }
             break;
         }

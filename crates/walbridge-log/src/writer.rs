@@ -126,20 +126,27 @@ impl LogWriter {
 
     /// Queues a record. `unit_end` marks the last record of a unit (a
     /// transaction's last chunk, or a record on its own); readers see a unit
-    /// only once all of it is durable. Waits while the queue is full, and,
-    /// with `when_full = block`, while the log is at `max_size`.
+    /// only once all of it is durable. Waits while the queue is full, and
+    /// while the log is at `max_size` (see [`WhenFull`]).
     pub async fn append(&self, payload: Vec<u8>, lsn: Lsn, unit_end: bool) -> Result<(), LogError> {
-        if let (Some(max), WhenFull::Block) =
-            (self.shared.options.max_size, self.shared.options.when_full)
-        {
+        if let Some(max) = self.shared.options.max_size {
             let mut size = self.shared.size.subscribe();
             let queued = || (QUEUE_BYTES - self.queued.available_permits()) as u64;
-            let full = *size.borrow_and_update() + queued() > max;
+            let mut full = *size.borrow_and_update() + queued() > max;
             if full {
+                // Retention may free space now (with `drop_sink`, by dropping a sink).
+                self.log().collect()?;
+                full = *size.borrow_and_update() + queued() > max;
+            }
+            if full {
+                let until = match self.shared.options.when_full {
+                    WhenFull::Block => "it catches up",
+                    WhenFull::DropSink => "it catches up or falls behind another and is dropped",
+                };
                 tracing::warn!(
                     log = %self.shared.dir.display(),
                     max_size = max,
-                    "the log is at max_size because a sink is behind: not reading from the source until it catches up"
+                    "the log is at max_size because a sink is behind: not reading from the source until {until}"
                 );
                 // The sender lives in `shared`, so this only ends when space is freed.
                 let _ = size.wait_for(|s| *s + queued() <= max).await;

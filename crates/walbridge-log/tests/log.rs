@@ -327,13 +327,18 @@ async fn at_max_size_drop_sink_gives_up_on_the_slow_cursor() {
     let (log, writer, _) = ok(Log::open(dir.path(), options));
     log.register_cursor("slow", 0);
     log.register_cursor("fast", 0);
-    for i in 0..400 {
-        ok(writer.append(payload(i), Lsn(i), true).await);
-        if i % 20 == 0 {
-            wait_for_head(&log, i + 1).await;
-            ok(log.advance_cursor("fast", i + 1));
-        }
+    let appending = tokio::spawn(async move {
+        append_all(&writer, 0..400).await;
+        writer
+    });
+    // `fast` keeps up, a little behind the head; `slow` never moves.
+    while !appending.is_finished() {
+        let head = log.head().next_seq;
+        ok(log.advance_cursor("fast", head.saturating_sub(3)));
+        assert!(log.size() <= 96 * 1024 + 40 * 1024, "{}", log.size());
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    let writer = ok(appending.await);
     wait_for_head(&log, 400).await;
     ok(log.advance_cursor("fast", 400));
     assert!(log.is_dropped("slow"));
@@ -407,5 +412,40 @@ async fn retention_time_keeps_read_segments_until_they_are_old_enough() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     ok(log.collect());
     assert_eq!(segments(dir.path()).len(), 1, "old ones go");
+    ok(writer.close().await);
+}
+
+#[tokio::test]
+async fn drop_sink_drops_only_the_slowest_even_when_another_is_a_little_behind() {
+    let dir = ok(tempfile::tempdir());
+    let options = LogOptions {
+        max_size: Some(96 * 1024),
+        when_full: WhenFull::DropSink,
+        ..small_segments()
+    };
+    let (log, writer, _) = ok(Log::open(dir.path(), options));
+    log.register_cursor("stuck", 0);
+    log.register_cursor("behind", 0);
+    let appending = tokio::spawn(async move {
+        append_all(&writer, 0..200).await;
+        writer
+    });
+    // While both are level, nobody is dropped: the appends wait.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!appending.is_finished());
+    assert!(!log.is_dropped("stuck") && !log.is_dropped("behind"));
+    // Both still hold the first segment; only the one furthest behind goes.
+    ok(log.advance_cursor("behind", 1));
+    assert!(log.is_dropped("stuck"));
+    assert!(!log.is_dropped("behind"));
+    assert_eq!(log.first_seq(), 0, "the segment `behind` needs stays");
+    while !appending.is_finished() {
+        ok(log.advance_cursor("behind", log.head().next_seq));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let writer = ok(appending.await);
+    ok(log.advance_cursor("behind", 200));
+    assert!(!log.is_dropped("behind"));
+    assert!(log.size() <= 96 * 1024, "{}", log.size());
     ok(writer.close().await);
 }
