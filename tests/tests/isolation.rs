@@ -266,3 +266,62 @@ fn at_max_size_block_stops_reading_and_the_slot_retains_the_wal() {
     );
     running.kill();
 }
+
+#[test]
+fn a_sink_that_cannot_go_on_stops_with_a_clear_error_and_the_rest_goes_on() {
+    let pg = Cluster::start();
+    pg.psql("CREATE TABLE t (id bigint PRIMARY KEY, pad text); CREATE PUBLICATION pub FOR TABLE t");
+    let wb = Deployment::new();
+    let config = |sinks: &str| {
+        format!(
+            "data_dir = \"{data}\"\n\n[log]\nsegment_size = \"64kB\"\n\n[[source]]\nname = \"src\"\nconnection = \"{conn}\"\npublications = [\"pub\"]\ncopy_data = false\n\n\
+             [[sink]]\nname = \"a\"\ntype = \"jsonl\"\npath = \"{out}\"\n{sinks}",
+            data = wb.path().join("data").display(),
+            conn = pg.connstr("postgres", "postgres"),
+            out = wb.output_path().display(),
+        )
+    };
+    wb.write_config(&config(""));
+    let running = wb.start();
+    pg.wait_for_streaming(WAIT);
+    insert_rows(&pg, 0, 2000);
+    wb.wait_for_lines(2000, WAIT);
+    assert!(running.stop(WAIT).success());
+    // Sink `b` comes with a cursor at the log's first record, which
+    // retention removed long ago (sink `a` read it).
+    let cursors = wb.path().join("data/cursors");
+    let a: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(cursors.join("a.json")).unwrap_or_else(|e| panic!("{e}")),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let log_id = a["positions"]["src"]["log"].clone();
+    std::fs::write(
+        cursors.join("b.json"),
+        serde_json::json!({ "positions": { "src": { "log": log_id, "next": 0 } } }).to_string(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let b_out = wb.path().join("b.jsonl");
+    wb.write_config(&config(&format!(
+        "\n[[sink]]\nname = \"b\"\ntype = \"jsonl\"\npath = \"{}\"\n",
+        b_out.display()
+    )));
+    let running = wb.start();
+    pg.wait_for_streaming(WAIT);
+    insert_rows(&pg, 2000, 100);
+    let lines = wb.wait_for_lines(2100, WAIT);
+    assert_eq!(ids_with_op(&lines, "c"), (0..2100).collect::<Vec<_>>());
+    assert!(
+        wb.log().contains("sink `b`") && wb.log().contains("no longer in"),
+        "the sink's failure is explained:\n{}",
+        wb.log()
+    );
+    assert_eq!(std::fs::read_to_string(&b_out).unwrap_or_default(), "");
+    // The failure is the run's outcome once it stops.
+    let status = running.stop(WAIT);
+    assert_eq!(status.code(), Some(1), "log:\n{}", wb.log());
+    let last = wb.log().lines().last().unwrap_or_default().to_owned();
+    assert!(
+        last.starts_with("walbridge: ") && last.contains("sink `b`"),
+        "{last}"
+    );
+}
