@@ -32,9 +32,6 @@ pub struct CursorState {
     /// The consumer's own resume data.
     #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
     pub consumer: serde_json::Value,
-    /// Set when the log dropped this consumer for falling too far behind.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dropped: Option<String>,
 }
 
 /// A cursor stored in a file.
