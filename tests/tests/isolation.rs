@@ -7,7 +7,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::time::Duration;
 
 use walbridge_tests::Cluster;
-use walbridge_tests::walbridge::{Deployment, ids_with_op};
+use walbridge_tests::walbridge::{Deployment, Running, ids_with_op};
 
 const WAIT: Duration = Duration::from_secs(300);
 /// WAL generated while the sink is blocked.
@@ -177,6 +177,25 @@ fn configure_with_stuck_sink(wb: &Deployment, pg: &Cluster, log: &str) -> std::f
     reader
 }
 
+/// Starts walbridge with a stuck sink and a 1 MiB log (`when_full` as
+/// given), and writes 10 MB of published rows (ids 0..10,000).
+fn ten_mb_past_a_stuck_sink(when_full: &str) -> (Cluster, Deployment, std::fs::File, Running) {
+    let pg = Cluster::start();
+    pg.psql("CREATE TABLE t (id bigint PRIMARY KEY, pad text); CREATE PUBLICATION pub FOR TABLE t");
+    let wb = Deployment::new();
+    let stuck = configure_with_stuck_sink(
+        &wb,
+        &pg,
+        &format!("segment_size = \"256kB\"\nmax_size = \"1MiB\"\nwhen_full = \"{when_full}\""),
+    );
+    let running = wb.start();
+    pg.wait_for_streaming(WAIT);
+    for chunk in 0..10 {
+        insert_rows(&pg, chunk * 1000, 1000);
+    }
+    (pg, wb, stuck, running)
+}
+
 /// Inserts `rows` rows of ~1 kB into `t`, ids from `from`.
 fn insert_rows(pg: &Cluster, from: i64, rows: i64) {
     pg.psql(&format!(
@@ -187,19 +206,7 @@ fn insert_rows(pg: &Cluster, from: i64, rows: i64) {
 
 #[test]
 fn at_max_size_drop_sink_gives_up_on_the_stuck_sink_and_the_rest_goes_on() {
-    let pg = Cluster::start();
-    pg.psql("CREATE TABLE t (id bigint PRIMARY KEY, pad text); CREATE PUBLICATION pub FOR TABLE t");
-    let wb = Deployment::new();
-    let _stuck = configure_with_stuck_sink(
-        &wb,
-        &pg,
-        "segment_size = \"256kB\"\nmax_size = \"1MiB\"\nwhen_full = \"drop_sink\"",
-    );
-    let running = wb.start();
-    pg.wait_for_streaming(WAIT);
-    for chunk in 0..10 {
-        insert_rows(&pg, chunk * 1000, 1000);
-    }
+    let (pg, wb, _stuck, running) = ten_mb_past_a_stuck_sink("drop_sink");
     let lines = wb.wait_for_lines(10_000, WAIT);
     assert_eq!(ids_with_op(&lines, "c"), (0..10_000).collect::<Vec<_>>());
     assert!(
@@ -226,19 +233,7 @@ fn at_max_size_drop_sink_gives_up_on_the_stuck_sink_and_the_rest_goes_on() {
 
 #[test]
 fn at_max_size_block_stops_reading_and_the_slot_retains_the_wal() {
-    let pg = Cluster::start();
-    pg.psql("CREATE TABLE t (id bigint PRIMARY KEY, pad text); CREATE PUBLICATION pub FOR TABLE t");
-    let wb = Deployment::new();
-    let _stuck = configure_with_stuck_sink(
-        &wb,
-        &pg,
-        "segment_size = \"256kB\"\nmax_size = \"1MiB\"\nwhen_full = \"block\"",
-    );
-    let running = wb.start();
-    pg.wait_for_streaming(WAIT);
-    for chunk in 0..10 {
-        insert_rows(&pg, chunk * 1000, 1000);
-    }
+    let (pg, wb, _stuck, running) = ten_mb_past_a_stuck_sink("block");
     let deadline = std::time::Instant::now() + WAIT;
     while !wb.log().contains("the log is at max_size") {
         assert!(

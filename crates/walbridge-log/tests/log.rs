@@ -46,6 +46,26 @@ async fn append_all(writer: &LogWriter, range: std::ops::Range<u64>) {
     }
 }
 
+/// Appends `range` on a task of its own (appends may wait at max_size); the task returns the writer.
+fn spawn_appends(
+    writer: LogWriter,
+    range: std::ops::Range<u64>,
+) -> tokio::task::JoinHandle<LogWriter> {
+    tokio::spawn(async move {
+        append_all(&writer, range).await;
+        writer
+    })
+}
+
+/// Options with small segments and a 96 kB `max_size`.
+fn small_and_bounded(when_full: WhenFull) -> LogOptions {
+    LogOptions {
+        max_size: Some(96 * 1024),
+        when_full,
+        ..small_segments()
+    }
+}
+
 async fn wait_for_head(log: &Log, next_seq: u64) {
     let mut head = log.subscribe();
     let waited = tokio::time::timeout(
@@ -289,17 +309,9 @@ async fn segments_behind_every_cursor_are_removed_and_retention_keeps_history() 
 #[tokio::test]
 async fn at_max_size_appends_block_until_the_slow_cursor_moves() {
     let dir = ok(tempfile::tempdir());
-    let options = LogOptions {
-        max_size: Some(96 * 1024),
-        when_full: WhenFull::Block,
-        ..small_segments()
-    };
-    let (log, writer, _) = ok(Log::open(dir.path(), options));
+    let (log, writer, _) = ok(Log::open(dir.path(), small_and_bounded(WhenFull::Block)));
     log.register_cursor("slow", 0);
-    let appending = tokio::spawn(async move {
-        append_all(&writer, 0..300).await;
-        writer
-    });
+    let appending = spawn_appends(writer, 0..300);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!appending.is_finished(), "appends stop at max_size");
     let stuck_at = log.head().next_seq;
@@ -319,18 +331,10 @@ async fn at_max_size_appends_block_until_the_slow_cursor_moves() {
 #[tokio::test]
 async fn at_max_size_drop_sink_gives_up_on_the_slow_cursor() {
     let dir = ok(tempfile::tempdir());
-    let options = LogOptions {
-        max_size: Some(96 * 1024),
-        when_full: WhenFull::DropSink,
-        ..small_segments()
-    };
-    let (log, writer, _) = ok(Log::open(dir.path(), options));
+    let (log, writer, _) = ok(Log::open(dir.path(), small_and_bounded(WhenFull::DropSink)));
     log.register_cursor("slow", 0);
     log.register_cursor("fast", 0);
-    let appending = tokio::spawn(async move {
-        append_all(&writer, 0..400).await;
-        writer
-    });
+    let appending = spawn_appends(writer, 0..400);
     // `fast` keeps up, a little behind the head; `slow` never moves.
     while !appending.is_finished() {
         let head = log.head().next_seq;
@@ -418,18 +422,10 @@ async fn retention_time_keeps_read_segments_until_they_are_old_enough() {
 #[tokio::test]
 async fn drop_sink_drops_only_the_slowest_even_when_another_is_a_little_behind() {
     let dir = ok(tempfile::tempdir());
-    let options = LogOptions {
-        max_size: Some(96 * 1024),
-        when_full: WhenFull::DropSink,
-        ..small_segments()
-    };
-    let (log, writer, _) = ok(Log::open(dir.path(), options));
+    let (log, writer, _) = ok(Log::open(dir.path(), small_and_bounded(WhenFull::DropSink)));
     log.register_cursor("stuck", 0);
     log.register_cursor("behind", 0);
-    let appending = tokio::spawn(async move {
-        append_all(&writer, 0..200).await;
-        writer
-    });
+    let appending = spawn_appends(writer, 0..200);
     // While both are level, nobody is dropped: the appends wait.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!appending.is_finished());

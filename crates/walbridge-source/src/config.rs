@@ -44,22 +44,36 @@ impl ByteSize {
     }
 }
 
+/// Deserializes a value written as a bare number (`from_number`) or as text
+/// with a unit (`parse`); `hint` says what good text looks like.
+fn number_or_text<'de, D: serde::Deserializer<'de>, T>(
+    d: D,
+    from_number: impl FnOnce(u64) -> T,
+    parse: impl FnOnce(&str) -> Option<T>,
+    hint: &str,
+) -> Result<T, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Int(u64),
+        Text(String),
+    }
+    match Raw::deserialize(d)? {
+        Raw::Int(n) => Ok(from_number(n)),
+        Raw::Text(t) => {
+            parse(&t).ok_or_else(|| serde::de::Error::custom(format!("`{t}` is not {hint}")))
+        }
+    }
+}
+
 impl<'de> Deserialize<'de> for ByteSize {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Int(u64),
-            Text(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Int(n) => Ok(ByteSize(n)),
-            Raw::Text(t) => ByteSize::parse(&t).ok_or_else(|| {
-                serde::de::Error::custom(format!(
-                    "`{t}` is not a size; write e.g. 64MiB, 512kB or 1GB"
-                ))
-            }),
-        }
+        number_or_text(
+            d,
+            ByteSize,
+            ByteSize::parse,
+            "a size; write e.g. 64MiB, 512kB or 1GB",
+        )
     }
 }
 
@@ -86,20 +100,12 @@ impl DurationText {
 
 impl<'de> Deserialize<'de> for DurationText {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Int(u64),
-            Text(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Int(n) => Ok(DurationText(std::time::Duration::from_secs(n))),
-            Raw::Text(t) => DurationText::parse(&t).ok_or_else(|| {
-                serde::de::Error::custom(format!(
-                    "`{t}` is not a duration; write e.g. 500ms, 30s, 15m, 24h or 7d"
-                ))
-            }),
-        }
+        number_or_text(
+            d,
+            |n| DurationText(std::time::Duration::from_secs(n)),
+            DurationText::parse,
+            "a duration; write e.g. 500ms, 30s, 15m, 24h or 7d",
+        )
     }
 }
 
