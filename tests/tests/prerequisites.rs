@@ -72,11 +72,9 @@ fn slot_in_use_and_missing_slot() {
     let first = Deployment::new();
     first.configure(&pg, "postgres", "pub", "");
     let running = first.start();
-    pg.wait_for(
-        "SELECT active FROM pg_replication_slots WHERE slot_name = 'walbridge_src'",
-        "t",
-        WAIT,
-    );
+    // Streaming, not just created: the slot is released between its
+    // creation and START_REPLICATION, during the copy.
+    pg.wait_for_streaming(WAIT);
     let second = Deployment::new();
     second.configure(&pg, "postgres", "pub", "copy_data = false");
     assert_check_fails(&second, "is in use by process");
@@ -102,11 +100,9 @@ fn invalidated_slot_is_reported() {
     let wb = Deployment::new();
     wb.configure(&pg, "postgres", "pub", "");
     let running = wb.start();
-    pg.wait_for(
-        "SELECT active FROM pg_replication_slots WHERE slot_name = 'walbridge_src'",
-        "t",
-        WAIT,
-    );
+    // Streaming, not just created: the slot is released between its
+    // creation and START_REPLICATION, during the copy.
+    pg.wait_for_streaming(WAIT);
     assert!(running.stop(WAIT).success());
     for _ in 0..20 {
         pg.psql("CREATE TABLE IF NOT EXISTS filler (pad text); INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 20000)");
