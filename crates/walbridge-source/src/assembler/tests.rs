@@ -51,6 +51,25 @@ fn values(txn: CommittedTransaction) -> Vec<String> {
         .collect()
 }
 
+/// A Begin of transaction `xid` that will commit at `final_lsn`.
+fn begin(final_lsn: u64, xid: u32) -> Message {
+    Message::Begin {
+        final_lsn: Lsn(final_lsn),
+        commit_time: PgTimestamp(0),
+        xid,
+    }
+}
+
+/// The Commit of the transaction most recently begun.
+fn commit(commit_lsn: u64, end_lsn: u64) -> Message {
+    Message::Commit {
+        flags: 0,
+        commit_lsn: Lsn(commit_lsn),
+        end_lsn: Lsn(end_lsn),
+        commit_time: PgTimestamp(0),
+    }
+}
+
 fn committed(a: Assembled) -> CommittedTransaction {
     match a {
         Assembled::Committed(t) => t,
@@ -124,14 +143,7 @@ fn errors_on_protocol_violations() {
         a.push(Lsn(1), insert(None, 1, "a")),
         Err(AssemblyError::OutsideTransaction(_))
     ));
-    push(
-        &mut a,
-        Message::Begin {
-            final_lsn: Lsn(1),
-            commit_time: PgTimestamp(0),
-            xid: 1,
-        },
-    );
+    push(&mut a, begin(1, 1));
     let two = Message::Insert {
         xid: None,
         relation_id: 1,
@@ -187,14 +199,7 @@ fn interleaved_streams_with_subtransaction_abort_and_spill() {
     push(&mut a, insert(Some(20), 1, "20-a"));
     push(&mut a, Message::StreamStop);
     // A plain transaction commits in between.
-    push(
-        &mut a,
-        Message::Begin {
-            final_lsn: Lsn(50),
-            commit_time: PgTimestamp(0),
-            xid: 30,
-        },
-    );
+    push(&mut a, begin(50, 30));
     push(&mut a, insert(None, 1, "30-a"));
     assert_eq!(
         values(committed(push(
@@ -292,24 +297,9 @@ fn relations_inside_a_stream_stay_with_that_transaction() {
     );
     push(&mut a, Message::StreamStop);
     // A plain transaction still uses the committed one-column shape.
-    push(
-        &mut a,
-        Message::Begin {
-            final_lsn: Lsn(5),
-            commit_time: PgTimestamp(0),
-            xid: 2,
-        },
-    );
+    push(&mut a, begin(5, 2));
     push(&mut a, insert(None, 1, "x"));
-    committed(push(
-        &mut a,
-        Message::Commit {
-            flags: 0,
-            commit_lsn: Lsn(5),
-            end_lsn: Lsn(6),
-            commit_time: PgTimestamp(0),
-        },
-    ));
+    committed(push(&mut a, commit(5, 6)));
     let t = committed(push(
         &mut a,
         Message::StreamCommit {
@@ -331,14 +321,7 @@ fn relations_inside_a_stream_stay_with_that_transaction() {
     assert_eq!(relation.columns.len(), 2);
     // pgoutput counts the schema as sent once the streamed transaction
     // commits: later plain transactions get no Relation message and use it.
-    push(
-        &mut a,
-        Message::Begin {
-            final_lsn: Lsn(15),
-            commit_time: PgTimestamp(0),
-            xid: 3,
-        },
-    );
+    push(&mut a, begin(15, 3));
     push(
         &mut a,
         Message::Insert {
@@ -347,15 +330,7 @@ fn relations_inside_a_stream_stay_with_that_transaction() {
             new: vec![text("3"), text("4")],
         },
     );
-    let later = committed(push(
-        &mut a,
-        Message::Commit {
-            flags: 0,
-            commit_lsn: Lsn(15),
-            end_lsn: Lsn(16),
-            commit_time: PgTimestamp(0),
-        },
-    ));
+    let later = committed(push(&mut a, commit(15, 16)));
     let changes: Vec<_> = later
         .changes
         .into_changes()
@@ -391,24 +366,9 @@ fn a_relation_first_described_in_a_stream_serves_later_transactions() {
             commit_time: PgTimestamp(0),
         },
     ));
-    push(
-        &mut a,
-        Message::Begin {
-            final_lsn: Lsn(15),
-            commit_time: PgTimestamp(0),
-            xid: 3,
-        },
-    );
+    push(&mut a, begin(15, 3));
     push(&mut a, insert(None, 7, "2"));
-    let t = committed(push(
-        &mut a,
-        Message::Commit {
-            flags: 0,
-            commit_lsn: Lsn(15),
-            end_lsn: Lsn(16),
-            commit_time: PgTimestamp(0),
-        },
-    ));
+    let t = committed(push(&mut a, commit(15, 16)));
     assert_eq!(values(t), vec!["2".to_owned()]);
 }
 
@@ -475,29 +435,14 @@ fn memory_stays_under_the_threshold() {
     let (_dir, mut a) = assembler(64 * 1024);
     a.set_relation(relation(1, &["id"]), None)
         .unwrap_or_else(|e| panic!("{e}"));
-    push(
-        &mut a,
-        Message::Begin {
-            final_lsn: Lsn(1),
-            commit_time: PgTimestamp(0),
-            xid: 1,
-        },
-    );
+    push(&mut a, begin(1, 1));
     let payload = "x".repeat(1000);
     for _ in 0..10_000 {
         push(&mut a, insert(None, 1, &payload));
         let held = a.current.as_ref().map_or(0, |t| t.changes.memory_bytes);
         assert!(held <= 64 * 1024 + 2000, "{held} bytes held in memory");
     }
-    let t = committed(push(
-        &mut a,
-        Message::Commit {
-            flags: 0,
-            commit_lsn: Lsn(1),
-            end_lsn: Lsn(2),
-            commit_time: PgTimestamp(0),
-        },
-    ));
+    let t = committed(push(&mut a, commit(1, 2)));
     assert_eq!(t.changes.len(), 10_000);
     assert_eq!(values(t).len(), 10_000);
 }
