@@ -192,18 +192,8 @@ pub struct PublishedTable {
 impl PublishedTable {
     /// `"schema"."name"`, quoted for SQL.
     pub fn quoted_name(&self) -> String {
-        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
+        walbridge_pg::quote_qualified(&self.schema, &self.name)
     }
-}
-
-/// Quotes an SQL identifier.
-pub fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-/// Quotes an SQL string literal.
-pub fn quote_literal(value: &str) -> String {
-    format!("'{}'", value.replace('\'', "''"))
 }
 
 /// The tables `publications` cover, merged across publications as

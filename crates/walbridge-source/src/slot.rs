@@ -2,8 +2,8 @@
 
 use walbridge_core::Lsn;
 
-use crate::catalog::quote_literal;
 use crate::wire::{ConnectionError, ReplicationConnection};
+use walbridge_pg::quote_literal;
 
 /// What `pg_replication_slots` says about a slot.
 #[derive(Debug, Clone, PartialEq, Eq)]

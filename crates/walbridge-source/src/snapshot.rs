@@ -24,10 +24,9 @@ use futures_util::StreamExt;
 use tokio::sync::{Mutex, mpsc};
 use walbridge_core::{Datum, EventBatch, Lsn, Relation, Row, SnapshotBatch, SourceEvent};
 
-use crate::catalog::{
-    CatalogError, PublishedTable, TypeCatalog, describe_table, quote_ident, quote_literal,
-};
+use crate::catalog::{CatalogError, PublishedTable, TypeCatalog, describe_table};
 use crate::wire::{ConnParams, ConnectionError, connect_sql};
+use walbridge_pg::{quote_ident, quote_literal};
 
 /// Rows per batch handed downstream.
 const BATCH_ROWS: usize = 1000;

@@ -29,7 +29,7 @@ use tokio::sync::{mpsc, watch};
 use walbridge_core::{EventBatch, Lsn, PgTimestamp, SourceEvent};
 
 use crate::assembler::{Assembled, Assembler, AssemblyError, CommittedTransaction};
-use crate::catalog::{CatalogError, TypeCatalog, published_tables, quote_ident};
+use crate::catalog::{CatalogError, TypeCatalog, published_tables};
 use crate::checks::{Finding, Severity, check_source, explain_connection_error};
 use crate::config::{OriginFilter, SourceConfig};
 use crate::pgoutput::{DecodeError, Decoder, Message};
@@ -40,6 +40,7 @@ use crate::wire::copyboth::{CopyBothError, ServerMessage, StatusUpdate};
 use crate::wire::{
     ConnParams, ConnectionError, CopyMessage, ParamsError, ReplicationConnection, connect_sql,
 };
+use walbridge_pg::quote_ident;
 
 /// A source stopped.
 #[derive(Debug, thiserror::Error)]

@@ -14,22 +14,12 @@ use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 
-use super::codec::{self, AuthRequest, BackendMessage, CodecError, ServerError};
-use super::params::{ConnParams, Host};
-use super::tls::{PgTls, TlsError, TlsSettings};
+use walbridge_pg::{
+    ConnParams, ConnectError, Host, SESSION_SETTINGS, TlsError, TlsSettings, describe_pg_error,
+    parse_server_version,
+};
 
-/// Session settings sent at start-up to every connection walbridge opens,
-/// so values are rendered the same way by the walsender and by snapshot
-/// COPY: ISO dates, ISO 8601 intervals, UTC offsets, shortest exact floats,
-/// hex bytea.
-pub const SESSION_SETTINGS: [(&str, &str); 6] = [
-    ("client_encoding", "UTF8"),
-    ("DateStyle", "ISO"),
-    ("IntervalStyle", "iso_8601"),
-    ("TimeZone", "UTC"),
-    ("extra_float_digits", "3"),
-    ("bytea_output", "hex"),
-];
+use super::codec::{self, AuthRequest, BackendMessage, CodecError, ServerError};
 
 /// A failure to connect to or talk with the server.
 #[derive(Debug, thiserror::Error)]
@@ -518,141 +508,21 @@ impl ReplicationConnection {
     }
 }
 
-/// The full text of a tokio-postgres error: the server's message, SQLSTATE,
-/// detail and hint, or the client-side cause.
-pub fn describe_pg_error(e: &tokio_postgres::Error) -> String {
-    if let Some(db) = e.as_db_error() {
-        let mut text = format!(
-            "{}: {} (SQLSTATE {})",
-            db.severity(),
-            db.message(),
-            db.code().code()
-        );
-        if let Some(d) = db.detail() {
-            text.push_str(&format!("; detail: {d}"));
+impl From<ConnectError> for ConnectionError {
+    fn from(e: ConnectError) -> Self {
+        match e {
+            ConnectError::Tls(e) => ConnectionError::Tls(e),
+            ConnectError::Sql(e) => ConnectionError::Sql(e),
+            ConnectError::NoHost => ConnectionError::Closed,
         }
-        if let Some(h) = db.hint() {
-            text.push_str(&format!("; hint: {h}"));
-        }
-        return text;
-    }
-    match std::error::Error::source(e) {
-        Some(cause) => format!("{e}: {cause}"),
-        None => e.to_string(),
     }
 }
 
-/// `15.4 (Debian 15.4-1)` → 150004; `9.6.24` → 90624; `17beta1` → 170000.
-pub fn parse_server_version(text: &str) -> u32 {
-    let numeric: String = text
-        .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.')
-        .collect();
-    let mut parts = numeric.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    let major = parts.next().unwrap_or(0);
-    if major >= 10 {
-        major * 10_000 + parts.next().unwrap_or(0)
-    } else {
-        major * 10_000 + parts.next().unwrap_or(0) * 100 + parts.next().unwrap_or(0)
-    }
-}
-
-/// Drives a tokio-postgres connection in the background until it ends.
-fn spawn_connection<F>(connection: F)
-where
-    F: Future<Output = Result<(), tokio_postgres::Error>> + Send + 'static,
-{
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!("SQL connection ended: {e}");
-        }
-    });
-}
-
-/// Opens an ordinary SQL connection with the same parameters, TLS and
-/// session settings, for catalog queries and snapshot COPY. The connection
-/// task is spawned on the current runtime.
+/// Opens an ordinary SQL connection (catalog queries, snapshot COPY) with
+/// the same parameters, TLS and session settings as the replication one.
 pub async fn connect_sql(
     params: &ConnParams,
     application_name: &str,
 ) -> Result<tokio_postgres::Client, ConnectionError> {
-    let tls = TlsSettings::new(params)?;
-    let mut last_error = None;
-    for host in &params.hosts {
-        let mut config = tokio_postgres::Config::new();
-        match host {
-            Host::Tcp(h) => config.host(h),
-            Host::Unix(dir) => config.host_path(dir),
-        };
-        config
-            .port(params.port)
-            .user(&params.user)
-            .dbname(&params.dbname)
-            .application_name(
-                params
-                    .application_name
-                    .as_deref()
-                    .unwrap_or(application_name),
-            );
-        if let Some(p) = &params.password {
-            config.password(p);
-        }
-        if let Some(t) = params.connect_timeout {
-            config.connect_timeout(t);
-        }
-        let mut options: Vec<String> = SESSION_SETTINGS
-            .iter()
-            .map(|(k, v)| format!("-c {k}={v}"))
-            .collect();
-        options.extend(params.options.clone());
-        config.options(options.join(" "));
-        let result = match &tls {
-            Some(settings) => {
-                config.ssl_mode(if settings.required() {
-                    tokio_postgres::config::SslMode::Require
-                } else {
-                    tokio_postgres::config::SslMode::Prefer
-                });
-                config
-                    .connect(PgTls(settings.clone()))
-                    .await
-                    .map(|(client, conn)| {
-                        spawn_connection(conn);
-                        client
-                    })
-            }
-            None => {
-                config.ssl_mode(tokio_postgres::config::SslMode::Disable);
-                config
-                    .connect(tokio_postgres::NoTls)
-                    .await
-                    .map(|(client, conn)| {
-                        spawn_connection(conn);
-                        client
-                    })
-            }
-        };
-        match result {
-            Ok(client) => return Ok(client),
-            Err(e) if e.code().is_some() => return Err(e.into()),
-            Err(e) => last_error = Some(e),
-        }
-    }
-    Err(last_error.map_or(ConnectionError::Closed, ConnectionError::Sql))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_server_version;
-
-    #[test]
-    fn parses_versions() {
-        assert_eq!(
-            parse_server_version("15.4 (Debian 15.4-1.pgdg120+1)"),
-            150004
-        );
-        assert_eq!(parse_server_version("17beta1"), 170000);
-        assert_eq!(parse_server_version("9.6.24"), 90624);
-        assert_eq!(parse_server_version("18.4"), 180004);
-    }
+    Ok(walbridge_pg::connect_sql(params, application_name).await?)
 }

@@ -1,14 +1,14 @@
-//! The wire layer: connection parameters, the backend-message codec, the
-//! CopyBoth replication messages, TLS, and the connection itself.
+//! The wire layer: the backend-message codec, the CopyBoth replication
+//! messages and the replication connection. Connection parameters and TLS
+//! come from `walbridge-pg`, shared with the postgres sink.
 
 pub mod codec;
 pub mod connection;
 pub mod copyboth;
-pub mod params;
-pub mod tls;
 
 pub use connection::{
     ConnectionError, CopyMessage, QueryResult, ReplicationConnection, connect_sql,
-    describe_pg_error,
 };
-pub use params::{ConnParams, Host, ParamsError, SslMode};
+pub use walbridge_pg::{
+    ConnParams, Host, ParamsError, SslMode, describe_pg_error, params, parse_server_version, tls,
+};

@@ -5,44 +5,7 @@
 
 pub mod jsonl;
 
-use std::sync::Arc;
-
-use tokio::sync::watch;
-use walbridge_core::{EventBatch, Lsn};
-
-/// A position in a source's log.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LogPosition {
-    /// The next record to read.
-    pub next: u64,
-    /// The LSN of the record before it: the publisher position covered.
-    pub lsn: Lsn,
-}
-
-/// Which source an event came from, as a sink sees it.
-#[derive(Debug)]
-pub struct SourceContext {
-    /// The source's name.
-    pub name: String,
-    /// The publisher's database.
-    pub database: String,
-    /// The identity of the source's log, recorded with cursor positions.
-    pub log_id: String,
-    /// Where the sink acknowledges how far it has durably processed this source.
-    pub acked: watch::Sender<LogPosition>,
-}
-
-/// Events of consecutive log records, together with their source.
-#[derive(Debug)]
-pub struct Routed {
-    /// The source.
-    pub source: Arc<SourceContext>,
-    /// The events, in order.
-    pub events: EventBatch,
-    /// Set when the last record completes a unit: the position after it,
-    /// which a cursor may store.
-    pub position: Option<LogPosition>,
-}
+pub use walbridge_log::{LogPosition, Routed, SourceContext};
 
 /// A configured sink, opened.
 pub enum Sink {

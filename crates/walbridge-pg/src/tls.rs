@@ -20,7 +20,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::params::{ConnParams, SslMode};
+use crate::params::{ConnParams, SslMode};
 
 /// TLS could not be set up.
 #[derive(Debug, thiserror::Error)]
