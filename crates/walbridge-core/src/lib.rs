@@ -18,6 +18,7 @@ mod lsn;
 mod relation;
 mod time;
 mod types;
+mod units;
 mod value;
 
 pub use change::{Change, LogicalMessage, OldRow, OldRowKind, Truncate, TruncateOptions};
@@ -26,4 +27,5 @@ pub use lsn::{Lsn, ParseLsnError};
 pub use relation::{Column, Relation, RelationId, ReplicaIdentity};
 pub use time::PgTimestamp;
 pub use types::{Oid, TypeInfo, TypeKind, ValueKind};
+pub use units::{ByteSize, DurationText};
 pub use value::{Datum, Row};

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use serde::Deserialize;
+use walbridge_core::{ByteSize, DurationText};
 use walbridge_log::{FsyncPolicy, LogOptions, WhenFull};
-use walbridge_source::config::{ByteSize, DurationText};
 
 /// `fsync = …`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
