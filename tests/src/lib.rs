@@ -353,6 +353,36 @@ impl Cluster {
         client
     }
 
+    /// An ordered digest of a table's contents in `dbname`: equal digests
+    /// mean equal rows (compared in their text form, with the columns
+    /// listed in `columns` — `*` for all — sorted by their text).
+    pub fn table_digest(&self, dbname: &str, table: &str, columns: &str) -> String {
+        self.psql_db(
+            dbname,
+            &format!(
+                "SELECT count(*) || ':' || coalesce(md5(string_agg(r::text, '|' ORDER BY r::text)), '') FROM (SELECT {columns} FROM {table}) r"
+            ),
+        )
+    }
+
+    /// Waits until `sql` on `dbname` returns `expected` or `timeout` passes; returns the last value.
+    pub fn wait_for_db(
+        &self,
+        dbname: &str,
+        sql: &str,
+        expected: &str,
+        timeout: Duration,
+    ) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let value = self.psql_db(dbname, sql);
+            if value == expected || Instant::now() > deadline {
+                return value;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Rewrites `pg_hba.conf` and reloads the configuration.
     pub fn set_hba(&self, lines: &[&str]) {
         std::fs::write(self.data_dir().join("pg_hba.conf"), lines.join("\n") + "\n")
@@ -364,14 +394,7 @@ impl Cluster {
 
     /// Waits until `sql` returns `expected` or `timeout` passes; returns the last value.
     pub fn wait_for(&self, sql: &str, expected: &str, timeout: Duration) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let value = self.psql(sql);
-            if value == expected || Instant::now() > deadline {
-                return value;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        self.wait_for_db("postgres", sql, expected, timeout)
     }
 
     /// Waits until a walsender is streaming changes (past slot creation and

@@ -100,6 +100,25 @@ impl Deployment {
         self.write_config(&text);
     }
 
+    /// Writes a configuration with one source `src` (connection string,
+    /// publications, extra source keys) and the sink sections `sinks`
+    /// verbatim (e.g. a `[[sink]]` of `type = "postgres"`).
+    pub fn configure_sinks(
+        &self,
+        connection: &str,
+        publications: &[&str],
+        source_extra: &str,
+        sinks: &str,
+    ) {
+        let publications: Vec<String> = publications.iter().map(|p| format!("\"{p}\"")).collect();
+        let text = format!(
+            "data_dir = \"{data}\"\n\n[[source]]\nname = \"src\"\nconnection = \"{connection}\"\npublications = [{}]\n{source_extra}\n\n{sinks}\n",
+            publications.join(", "),
+            data = self.path().join("data").display(),
+        );
+        self.write_config(&text);
+    }
+
     /// Writes the configuration file verbatim.
     pub fn write_config(&self, text: &str) {
         std::fs::write(self.config_path(), text).unwrap_or_else(|e| panic!("write config: {e}"));

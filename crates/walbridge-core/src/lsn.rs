@@ -43,6 +43,20 @@ impl FromStr for Lsn {
     }
 }
 
+/// Written as PostgreSQL writes it, `"16/B374D848"`.
+impl serde::Serialize for Lsn {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Lsn {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 impl From<u64> for Lsn {
     fn from(value: u64) -> Self {
         Lsn(value)
@@ -62,6 +76,12 @@ mod tests {
         assert!("16B374D848".parse::<Lsn>().is_err());
         assert!("x/1".parse::<Lsn>().is_err());
         assert!("1/100000000".parse::<Lsn>().is_err());
+        let json = serde_json::to_string(&Lsn(0x16_B374_D848)).unwrap_or_default();
+        assert_eq!(json, "\"16/B374D848\"");
+        assert_eq!(
+            serde_json::from_str::<Lsn>(&json).ok(),
+            Some(Lsn(0x16_B374_D848))
+        );
     }
 
     proptest! {

@@ -237,6 +237,30 @@ impl Log {
         self.shared.state().first_seq()
     }
 
+    /// The LSN just before the oldest record still held (`0/0` while the
+    /// log still holds its beginning): a consumer that has processed less
+    /// than this has missed records that were removed.
+    pub fn start_lsn(&self) -> Result<Lsn, LogError> {
+        use std::io::Read;
+        loop {
+            let first = self.first_seq();
+            let path = segment_path(&self.shared.dir, first);
+            let mut header = [0u8; SEGMENT_HEADER_LEN as usize];
+            match File::open(&path).and_then(|mut f| f.read_exact(&mut header)) {
+                Ok(()) => {
+                    return segment::check_header(&header).map_err(|_| LogError::Segment {
+                        path,
+                        problem: "bad segment header".into(),
+                    });
+                }
+                // Retention removed it meanwhile: look at the new oldest one.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && self.first_seq() != first => {
+                }
+                Err(e) => return Err(LogError::io("read", &path)(e)),
+            }
+        }
+    }
+
     /// Bytes held on disk.
     pub fn size(&self) -> u64 {
         *self.shared.size.borrow()

@@ -57,6 +57,9 @@ pub fn describe_pg_error(e: &tokio_postgres::Error) -> String {
         if let Some(h) = db.hint() {
             text.push_str(&format!("; hint: {h}"));
         }
+        if let Some(w) = db.where_() {
+            text.push_str(&format!("; context: {}", w.replace('\n', " / ")));
+        }
         return text;
     }
     match std::error::Error::source(e) {

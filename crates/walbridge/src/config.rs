@@ -9,6 +9,8 @@ use serde::Deserialize;
 use walbridge_source::SourceConfig;
 
 use crate::log_config::LogConfig;
+use walbridge_sink_postgres::PostgresSinkConfig;
+
 use crate::sink::jsonl::JsonlSinkConfig;
 
 /// The whole configuration.
@@ -35,6 +37,8 @@ pub struct Config {
 pub enum SinkConfig {
     /// Newline-delimited JSON to stdout or a file.
     Jsonl(JsonlSinkConfig),
+    /// Apply into a PostgreSQL database.
+    Postgres(PostgresSinkConfig),
 }
 
 impl SinkConfig {
@@ -42,6 +46,7 @@ impl SinkConfig {
     pub fn name(&self) -> &str {
         match self {
             SinkConfig::Jsonl(c) => &c.name,
+            SinkConfig::Postgres(c) => &c.name,
         }
     }
 
@@ -49,6 +54,7 @@ impl SinkConfig {
     pub fn sources(&self) -> Option<&[String]> {
         match self {
             SinkConfig::Jsonl(c) => c.sources.as_deref(),
+            SinkConfig::Postgres(c) => c.sources.as_deref(),
         }
     }
 }
@@ -111,6 +117,9 @@ impl Config {
                     "sink name `{}`: use letters, digits, `_` and `-` (it names the sink's cursor file)",
                     sink.name()
                 ));
+            }
+            if let SinkConfig::Postgres(c) = sink {
+                problems.extend(c.validate());
             }
             for wanted in sink.sources().unwrap_or_default() {
                 if !names.contains(wanted) {

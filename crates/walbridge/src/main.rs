@@ -72,6 +72,28 @@ enum Command {
         #[arg(short, long, value_name = "FILE")]
         config: PathBuf,
     },
+    /// Skip the source transaction a postgres sink is stopped on (like
+    /// ALTER SUBSCRIPTION … SKIP).
+    ///
+    /// A postgres sink stops on a source transaction when applying it fails
+    /// because of the data — a duplicate key, a value the target column
+    /// cannot hold, a TRUNCATE blocked by foreign keys — and retries it
+    /// until the target is fixed. This instead moves the target's stored
+    /// position past that one transaction (its other changes are not
+    /// applied either); a running walbridge goes on at its next retry.
+    /// Without --lsn the sink must be stopped on exactly one transaction.
+    Skip {
+        /// The configuration file.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+        /// The postgres sink.
+        #[arg(long, value_name = "NAME")]
+        sink: String,
+        /// Only if the sink is stopped on the transaction with this commit
+        /// LSN (as the error message shows it, e.g. 0/1A2B3C4).
+        #[arg(long, value_name = "X/Y")]
+        lsn: Option<walbridge_core::Lsn>,
+    },
     /// Drop sources' replication slots and state (like DROP SUBSCRIPTION).
     ///
     /// The next `run` starts over: a new slot and a fresh copy of the tables.
@@ -139,6 +161,17 @@ async fn check(path: &std::path::Path) -> Result<(), Failure> {
         }
         errors += source_errors;
     }
+    for sink in &config.sinks {
+        if let config::SinkConfig::Postgres(c) = sink {
+            match walbridge_sink_postgres::health_check(c).await {
+                Ok(line) => println!("ok: sink `{}`: {line}", c.name),
+                Err(e) => {
+                    eprintln!("error: sink `{}`: {e}", c.name);
+                    errors += 1;
+                }
+            }
+        }
+    }
     if errors > 0 {
         return Err(Failure {
             code: EXIT_PREREQUISITE,
@@ -187,6 +220,41 @@ async fn drop_sources(path: &std::path::Path, only: Option<&str>) -> Result<(), 
     Ok(())
 }
 
+async fn skip(
+    path: &std::path::Path,
+    sink: &str,
+    lsn: Option<walbridge_core::Lsn>,
+) -> Result<(), Failure> {
+    let config = load(path)?;
+    let usage = |error: anyhow::Error| Failure {
+        code: EXIT_CONFIG,
+        error,
+    };
+    let sink_config = match config.sinks.iter().find(|s| s.name() == sink) {
+        Some(config::SinkConfig::Postgres(c)) => c,
+        Some(_) => {
+            return Err(usage(anyhow::anyhow!(
+                "sink `{sink}` is not a postgres sink; only postgres sinks stop on transactions"
+            )));
+        }
+        None => {
+            return Err(usage(anyhow::anyhow!(
+                "no sink named `{sink}` in {}",
+                path.display()
+            )));
+        }
+    };
+    let skipped =
+        walbridge_sink_postgres::skip(sink_config, &pipeline::cursor_dir(&config.data_dir), lsn)
+            .await
+            .with_context(|| format!("sink `{sink}`"))?;
+    println!(
+        "skipped {skipped}; sink `{sink}` goes on after it (error was: {})",
+        skipped.error
+    );
+    Ok(())
+}
+
 async fn run_pipeline(path: &std::path::Path) -> Result<(), Failure> {
     let config = load(path)?;
     std::fs::create_dir_all(&config.data_dir)
@@ -227,6 +295,7 @@ fn main() -> ExitCode {
             Command::Run { config } => run_pipeline(config).await,
             Command::Check { config } => check(config).await,
             Command::Drop { config, source } => drop_sources(config, source.as_deref()).await,
+            Command::Skip { config, sink, lsn } => skip(config, sink, *lsn).await,
         }
     });
     // A sink stuck in a blocking write (a pipe nobody reads) must not keep

@@ -37,6 +37,13 @@ const SINK_QUEUE: usize = 16;
 /// Events a feeder gathers from consecutive records into one hand-over.
 const FEED_BATCH: usize = 256;
 
+/// The first wait before a failed sink is started again; it doubles with
+/// every failure, up to a minute.
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+
+/// A sink run that lasted this long resets the backoff.
+const BACKOFF_RESET: Duration = Duration::from_secs(60);
+
 /// How long a stopping pipeline lets the sinks catch up with the logs.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -247,6 +254,40 @@ fn start_position(sink: &Sink, sink_name: &str, log: &Log, source: &str) -> u64 
     }
 }
 
+/// Where one run of a sink reads each of its sources' logs. A postgres
+/// sink resumes from the position the target database holds; others from
+/// their stored cursors.
+async fn start_positions(
+    sink: &mut Sink,
+    name: &str,
+    inputs: &[SinkInput],
+) -> Result<Vec<u64>, SinkStop> {
+    match sink {
+        Sink::Jsonl(_) => Ok(inputs
+            .iter()
+            .map(|i| start_position(sink, name, &i.log, &i.context.name))
+            .collect()),
+        Sink::Postgres(s) => {
+            let logs: Vec<_> = inputs
+                .iter()
+                .map(|i| walbridge_sink_postgres::SourceLog {
+                    context: i.context.clone(),
+                    log: i.log.clone(),
+                })
+                .collect();
+            s.resume(&logs).await.map_err(|e| {
+                let permanent = e.is_permanent();
+                let e = anyhow::Error::new(e).context(format!("sink `{name}`"));
+                if permanent {
+                    SinkStop::Log(e)
+                } else {
+                    SinkStop::Sink(e)
+                }
+            })
+        }
+    }
+}
+
 /// Appends a source's events to its log, then closes the log.
 async fn append(
     mut events: mpsc::Receiver<EventBatch>,
@@ -334,8 +375,9 @@ async fn supervise(
 ) -> anyhow::Result<()> {
     let name = config.name().to_owned();
     let mut next = Some(first);
-    let mut backoff = Duration::from_millis(500);
+    let mut backoff = FIRST_BACKOFF;
     loop {
+        let started = std::time::Instant::now();
         let sink = match next.take() {
             Some(sink) => Ok(sink),
             // Opening may block (a FIFO waits for its reader): not on a runtime thread.
@@ -361,6 +403,10 @@ async fn supervise(
                 if *closing.borrow() {
                     return Err(e);
                 }
+                if started.elapsed() >= BACKOFF_RESET {
+                    // It ran well for a while: this is a new problem.
+                    backoff = FIRST_BACKOFF;
+                }
                 tracing::error!(sink = %name, "{e:#}; retrying in {backoff:?}");
                 let mut closing = closing.clone();
                 tokio::select! {
@@ -376,16 +422,16 @@ async fn supervise(
 /// One run of a sink: a feeder thread per source reads the log from the
 /// sink's cursor into the sink's queue.
 async fn run_sink(
-    sink: Sink,
+    mut sink: Sink,
     name: &str,
     inputs: &[SinkInput],
     closing: watch::Receiver<bool>,
 ) -> Result<(), SinkStop> {
+    let starts = start_positions(&mut sink, name, inputs).await?;
     let (tx, rx) = mpsc::channel::<Routed>(SINK_QUEUE);
     let abort = Arc::new(watch::Sender::new(false));
     let mut feeders = Vec::new();
-    for input in inputs {
-        let start = start_position(&sink, name, &input.log, &input.context.name);
+    for (input, start) in inputs.iter().zip(starts) {
         let reader = input
             .log
             .reader(start)
@@ -408,10 +454,7 @@ async fn run_sink(
         feeders.push(thread);
     }
     drop(tx);
-    let sink_result = tokio::task::spawn_blocking(move || sink.run(rx))
-        .await
-        .map_err(|e| anyhow!("sink `{name}` panicked: {e}"))
-        .and_then(|r| r);
+    let sink_result = sink.run(rx).await;
     abort.send_replace(true);
     let feeder_result = tokio::task::spawn_blocking(move || {
         feeders
@@ -525,6 +568,6 @@ async fn wait_for_signal(shutdown: watch::Sender<bool>) {
 }
 
 /// The directory holding the sinks' cursors.
-fn cursor_dir(data_dir: &Path) -> PathBuf {
+pub fn cursor_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("cursors")
 }

@@ -11,32 +11,51 @@ pub use walbridge_log::{LogPosition, Routed, SourceContext};
 pub enum Sink {
     /// Newline-delimited JSON.
     Jsonl(jsonl::JsonlSink),
+    /// Apply into PostgreSQL.
+    Postgres(walbridge_sink_postgres::PostgresSink),
 }
 
 impl Sink {
-    /// Opens the sink described by `config`, with its cursor from `cursor_dir`.
+    /// Opens the sink described by `config`, with its cursor from
+    /// `cursor_dir` (the health check of sinks that need no network).
     pub fn open(
         config: &crate::config::SinkConfig,
         cursor_dir: &std::path::Path,
     ) -> anyhow::Result<Self> {
+        use anyhow::Context;
         match config {
             crate::config::SinkConfig::Jsonl(c) => {
                 jsonl::JsonlSink::open(c.clone(), cursor_dir).map(Sink::Jsonl)
+            }
+            crate::config::SinkConfig::Postgres(c) => {
+                walbridge_sink_postgres::PostgresSink::open(c.clone(), cursor_dir)
+                    .map(Sink::Postgres)
+                    .with_context(|| format!("sink `{}`", c.name))
             }
         }
     }
 
     /// Where the sink's stored cursor says to go on reading `source`.
-    pub fn stored_position(&self, source: &str) -> Option<&walbridge_log::CursorPosition> {
+    pub fn stored_position(&self, source: &str) -> Option<walbridge_log::CursorPosition> {
         match self {
-            Sink::Jsonl(s) => s.stored_position(source),
+            Sink::Jsonl(s) => s.stored_position(source).cloned(),
+            Sink::Postgres(s) => s.stored_position(source),
         }
     }
 
-    /// Consumes `events` until the channel closes (blocking: run it on a thread of its own).
-    pub fn run(self, events: tokio::sync::mpsc::Receiver<Routed>) -> anyhow::Result<()> {
+    /// Consumes `events` until the channel closes.
+    pub async fn run(self, events: tokio::sync::mpsc::Receiver<Routed>) -> anyhow::Result<()> {
         match self {
-            Sink::Jsonl(s) => s.run(events),
+            // Blocking writes: on a thread of its own.
+            Sink::Jsonl(s) => tokio::task::spawn_blocking(move || s.run(events))
+                .await
+                .map_err(|e| anyhow::anyhow!("the sink panicked: {e}"))?,
+            Sink::Postgres(s) => {
+                let name = s.name().to_owned();
+                s.run(events)
+                    .await
+                    .map_err(|e| anyhow::Error::new(e).context(format!("sink `{name}`")))
+            }
         }
     }
 }

@@ -1,0 +1,1022 @@
+//! Applying one source's log into the target: one connection, one
+//! transaction at a time, in the source's commit order.
+//!
+//! # Ordering and exactly once
+//!
+//! Consecutive source transactions are grouped into one target
+//! transaction (bounded by `batch_changes`, `batch_bytes`, `batch_time`,
+//! and committed at once whenever the input runs dry). A group only ever
+//! ends at a unit boundary of the log — after a whole source transaction,
+//! the whole initial copy, or a message — and its last statement before
+//! COMMIT records the log position of that boundary (see [`crate::progress`]).
+//! Statements are sent ahead of their results, but in order, on one
+//! connection, inside one transaction, so the target sees exactly the
+//! source's order. If anything fails, the target transaction rolls back
+//! whole and the run ends; the next run resumes from the position the
+//! target holds. Nothing is applied twice and nothing is skipped.
+//!
+//! A position is acknowledged (to the log and through it to the publisher)
+//! only once the target has it durably: at once with a synchronous commit,
+//! otherwise when the target's WAL flush position passes the commit.
+//!
+//! # Stopping on a transaction
+//!
+//! When a statement fails because of the data (a conflict, a value that
+//! does not fit), the failing source transaction is recorded as the one
+//! the sink is stopped on. The next run commits everything before it
+//! first and then applies it alone (with `on_conflict = "skip"`, change by
+//! change under savepoints, skipping the changes that conflict), so the
+//! transactions before it are applied and nothing after it is, as with a
+//! native subscriber; `walbridge skip` moves the target's position past it.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use futures_util::SinkExt;
+use tokio::sync::mpsc;
+use tokio_postgres::{Client, CopyInSink, Statement};
+use walbridge_core::{
+    Change, Datum, Lsn, Oid, OldRow, OldRowKind, PgTimestamp, Relation, Row, SnapshotBatch,
+    SourceEvent, TransactionInfo, Truncate,
+};
+use walbridge_log::{LogPosition, Routed, SourceContext};
+use walbridge_pg::describe_pg_error;
+
+use crate::config::{OnConflict, PostgresSinkConfig};
+use crate::copy::encode_row;
+use crate::error::{SinkError, StoppedOn};
+use crate::inflight::{Failed, InFlight, Outcome};
+use crate::mapping::{Mapper, TableMap};
+use crate::progress::ProgressStore;
+use crate::state::SinkState;
+use crate::statement::{ColumnSet, Find, Param, Shape, bind_order, sql};
+use crate::target::TargetCatalog;
+
+/// COPY data is sent in chunks of about this size.
+const COPY_CHUNK: usize = 256 << 10;
+
+/// How often positions awaiting the target's WAL flush are checked while idle.
+const FLUSH_POLL: Duration = Duration::from_millis(100);
+
+/// How often progress is logged while applying.
+const PROGRESS_LOG: Duration = Duration::from_secs(30);
+
+/// What a statement in flight was sent for.
+enum Purpose {
+    /// Transaction control or bookkeeping.
+    Control(&'static str),
+    /// A row change of a source transaction.
+    Change {
+        txn: Arc<TransactionInfo>,
+        map: Arc<TableMap>,
+        kind: ChangeKind,
+        binds: Arc<[(bool, usize)]>,
+    },
+    /// A TRUNCATE of a source transaction.
+    Truncate {
+        txn: Arc<TransactionInfo>,
+        tables: String,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ChangeKind {
+    Insert,
+    InsertOrSkip,
+    Update,
+    Delete,
+}
+
+/// A prepared statement and the values it binds, in order.
+#[derive(Clone)]
+struct Prepared {
+    statement: Statement,
+    binds: Arc<[(bool, usize)]>,
+}
+
+/// Changes that found nothing to change, in the current group.
+#[derive(Default)]
+struct Misses {
+    updates: u64,
+    deletes: u64,
+    skipped_conflicts: u64,
+    example: Option<String>,
+}
+
+/// The target transaction being built.
+#[derive(Default)]
+struct Group {
+    /// BEGIN was sent.
+    open: bool,
+    started: Option<Instant>,
+    changes: usize,
+    bytes: usize,
+    transactions: u64,
+    /// The last unit boundary inside the group: what COMMIT records.
+    position: Option<LogPosition>,
+    /// Commit time of the last source transaction.
+    commit_time: PgTimestamp,
+    /// The group holds the transaction the sink stopped on, alone.
+    isolated: bool,
+    misses: Misses,
+}
+
+/// Snapshot rows being copied into one table.
+struct CopyIn {
+    table: Oid,
+    display: String,
+    sink: std::pin::Pin<Box<CopyInSink<Bytes>>>,
+    buffer: BytesMut,
+    rows: u64,
+}
+
+/// Totals since the applier started, for progress logs.
+#[derive(Default)]
+struct Totals {
+    transactions: u64,
+    changes: u64,
+    rows_copied: u64,
+    update_missing: u64,
+    delete_missing: u64,
+    skipped_conflicts: u64,
+}
+
+fn simple(client: &Arc<Client>, sql: String) -> impl Future<Output = Outcome> + Send + 'static {
+    let client = client.clone();
+    async move {
+        client
+            .batch_execute(&sql)
+            .await
+            .map(|()| 0)
+            .map_err(|error| Failed {
+                error,
+                params: Vec::new(),
+            })
+    }
+}
+
+fn failed(what: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> SinkError {
+    let what = what.into();
+    move |source| SinkError::Target { what, source }
+}
+
+/// A transient failure of the target (connection, deadlock, shutdown,
+/// resources): retrying the same transaction later may well succeed.
+fn transient(code: Option<&str>) -> bool {
+    match code {
+        None => true,
+        Some(c) => matches!(
+            &c[..2.min(c.len())],
+            "08" | "40" | "53" | "55" | "57" | "58"
+        ),
+    }
+}
+
+/// The columns of `row` that are not unchanged TOAST values, or `None` for all.
+fn present_columns(row: &Row) -> ColumnSet {
+    row.contains(&Datum::UnchangedToast).then(|| {
+        row.iter()
+            .enumerate()
+            .filter(|(_, d)| **d != Datum::UnchangedToast)
+            .map(|(i, _)| i as u16)
+            .collect()
+    })
+}
+
+fn null_columns(row: &Row) -> ColumnSet {
+    row.contains(&Datum::Null).then(|| {
+        row.iter()
+            .enumerate()
+            .filter(|(_, d)| **d == Datum::Null)
+            .map(|(i, _)| i as u16)
+            .collect()
+    })
+}
+
+fn row_bytes(row: &Row) -> usize {
+    row.iter().map(|d| d.len() + 8).sum()
+}
+
+/// Applies one source into the target.
+pub struct Applier {
+    sink: String,
+    source: Arc<SourceContext>,
+    config: Arc<PostgresSinkConfig>,
+    client: Arc<Client>,
+    catalog: TargetCatalog,
+    mapper: Mapper,
+    statements: HashMap<(usize, Shape), Prepared>,
+    inflight: InFlight<Purpose>,
+    progress: ProgressStore,
+    state: Arc<SinkState>,
+    group: Group,
+    txn: Option<Arc<TransactionInfo>>,
+    copy: Option<CopyIn>,
+    copied: HashSet<Oid>,
+    /// The transaction to apply alone (the one the sink stopped on).
+    isolate: Option<StoppedOn>,
+    /// Committed positions waiting for the target's WAL flush.
+    unflushed: VecDeque<(Lsn, LogPosition)>,
+    totals: Totals,
+    last_log: Instant,
+}
+
+/// Everything an applier needs, connected.
+pub struct ApplierParts {
+    /// The sink's name.
+    pub sink: String,
+    /// The source.
+    pub source: Arc<SourceContext>,
+    /// The sink's configuration.
+    pub config: Arc<PostgresSinkConfig>,
+    /// The apply connection (bound to the origin, settings made).
+    pub client: Client,
+    /// The lookup connection.
+    pub catalog: TargetCatalog,
+    /// Where progress is stored.
+    pub progress: ProgressStore,
+    /// The sink's shared state.
+    pub state: Arc<SinkState>,
+}
+
+impl Applier {
+    /// An applier over connected parts.
+    pub fn new(parts: ApplierParts) -> Result<Self, SinkError> {
+        let mapper = Mapper::new(&parts.config, &parts.source.name).map_err(SinkError::Mapping)?;
+        let isolate = parts.state.stopped_on(&parts.source.name);
+        Ok(Applier {
+            inflight: InFlight::new(parts.config.pipeline_depth),
+            sink: parts.sink,
+            source: parts.source,
+            config: parts.config,
+            client: Arc::new(parts.client),
+            catalog: parts.catalog,
+            mapper,
+            statements: HashMap::new(),
+            progress: parts.progress,
+            state: parts.state,
+            group: Group::default(),
+            txn: None,
+            copy: None,
+            copied: HashSet::new(),
+            isolate,
+            unflushed: VecDeque::new(),
+            totals: Totals::default(),
+            last_log: Instant::now(),
+        })
+    }
+
+    /// Applies everything `input` delivers until it closes, then waits
+    /// (briefly) for the target to flush what was committed.
+    pub async fn run(mut self, mut input: mpsc::Receiver<Routed>) -> Result<(), SinkError> {
+        loop {
+            let routed = match input.try_recv() {
+                Ok(routed) => routed,
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    // Nothing more right now: commit what is applied.
+                    self.commit().await?;
+                    let next = loop {
+                        tokio::select! {
+                            next = input.recv() => break next,
+                            _ = tokio::time::sleep(FLUSH_POLL), if !self.unflushed.is_empty() => {
+                                self.check_flushed().await?;
+                            }
+                        }
+                    };
+                    match next {
+                        Some(routed) => routed,
+                        None => break,
+                    }
+                }
+            };
+            self.apply(routed).await?;
+        }
+        self.commit().await?;
+        self.flush_all().await?;
+        self.log_totals();
+        Ok(())
+    }
+
+    async fn apply(&mut self, routed: Routed) -> Result<(), SinkError> {
+        for event in routed.events {
+            self.event(event).await?;
+        }
+        if let Some(position) = routed.position {
+            self.group.position = Some(position);
+            let limits = &self.config;
+            let full = self.group.changes >= limits.batch_changes
+                || self.group.bytes as u64 >= limits.batch_bytes.0
+                || self
+                    .group
+                    .started
+                    .is_some_and(|t| t.elapsed() >= limits.batch_time.0);
+            if full || self.group.isolated {
+                self.commit().await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn event(&mut self, event: SourceEvent) -> Result<(), SinkError> {
+        match event {
+            SourceEvent::Snapshot(batch) => self.snapshot_rows(batch).await,
+            SourceEvent::SnapshotComplete { .. } => self.finish_copy().await,
+            SourceEvent::Begin(info) => {
+                let isolate = self
+                    .isolate
+                    .as_ref()
+                    .is_some_and(|s| s.end_lsn == info.end_lsn);
+                if isolate {
+                    // Everything before it goes in first, in its own transaction.
+                    self.commit().await?;
+                    self.group.isolated = true;
+                    tracing::info!(sink = %self.sink, source = %self.source.name, xid = info.xid, commit_lsn = %info.commit_lsn, "applying the transaction the sink stopped on, alone");
+                }
+                self.txn = Some(info);
+                Ok(())
+            }
+            SourceEvent::Change(change) => self.change(change).await,
+            SourceEvent::Commit(info) => {
+                self.txn = None;
+                self.group.transactions += 1;
+                self.group.commit_time = info.commit_time;
+                Ok(())
+            }
+            // Logical decoding messages have no place in tables (a native
+            // subscriber ignores them too).
+            SourceEvent::Message(_) => Ok(()),
+        }
+    }
+
+    async fn map(&mut self, relation: &Arc<Relation>) -> Result<Arc<TableMap>, SinkError> {
+        self.mapper.map(&mut self.catalog, relation).await
+    }
+
+    async fn change(&mut self, change: Change) -> Result<(), SinkError> {
+        let Some(txn) = self.txn.clone() else {
+            return Err(SinkError::Mapping(
+                "the log delivered a change outside a transaction".into(),
+            ));
+        };
+        match change {
+            Change::Insert { relation, new, .. } => {
+                let map = self.map(&relation).await?;
+                let (shape, kind) = match self.config.on_conflict {
+                    OnConflict::Error => (Shape::Insert, ChangeKind::Insert),
+                    OnConflict::Skip => (Shape::InsertOrSkip, ChangeKind::InsertOrSkip),
+                    OnConflict::Upsert => (Shape::Upsert, ChangeKind::Insert),
+                };
+                self.group.bytes += row_bytes(&new);
+                self.execute(&txn, &map, shape, kind, &new, None).await
+            }
+            Change::Update {
+                relation, old, new, ..
+            } => {
+                let map = self.map(&relation).await?;
+                self.group.bytes += row_bytes(&new);
+                let set = present_columns(&new);
+                let (find, old) = self.find(&map, old.as_ref(), &new)?;
+                self.execute(
+                    &txn,
+                    &map,
+                    Shape::Update { set, find },
+                    ChangeKind::Update,
+                    &new,
+                    Some(old),
+                )
+                .await
+            }
+            Change::Delete { relation, old, .. } => {
+                let map = self.map(&relation).await?;
+                self.group.bytes += row_bytes(&old.row);
+                let (find, old) = self.find(&map, Some(&old), &old.row)?;
+                self.execute(
+                    &txn,
+                    &map,
+                    Shape::Delete { find },
+                    ChangeKind::Delete,
+                    old,
+                    Some(old),
+                )
+                .await
+            }
+            Change::Truncate(truncate) => self.truncate(&txn, truncate).await,
+            Change::Message(_) => Ok(()),
+        }
+    }
+
+    /// How to find the changed row, and the row holding the values to find it by.
+    fn find<'a>(
+        &self,
+        map: &TableMap,
+        old: Option<&'a OldRow>,
+        new: &'a Row,
+    ) -> Result<(Find, &'a Row), SinkError> {
+        if map.full_identity {
+            let old = old.filter(|o| o.kind == OldRowKind::Full).ok_or_else(|| {
+                SinkError::Mapping(format!(
+                    "source table {} has REPLICA IDENTITY FULL but a change came without its old row",
+                    map.source_table
+                ))
+            })?;
+            let find = Find::Full {
+                present: present_columns(&old.row),
+                nulls: null_columns(&old.row),
+            };
+            return Ok((find, &old.row));
+        }
+        // The old key when it changed (or came whole), else the new row's key.
+        Ok((Find::Key, old.map_or(new, |o| &o.row)))
+    }
+
+    async fn prepared(&mut self, map: &Arc<TableMap>, shape: Shape) -> Result<Prepared, SinkError> {
+        let key = (map.id, shape);
+        if let Some(p) = self.statements.get(&key) {
+            return Ok(p.clone());
+        }
+        let text = sql(map, &key.1);
+        let statement = match self.client.prepare(&text).await {
+            Ok(s) => s,
+            Err(e) => {
+                // An earlier statement may have aborted the transaction: report that one.
+                self.drain().await?;
+                return Err(SinkError::Target {
+                    what: format!(
+                        "preparing `{text}` for target table {}",
+                        map.target.display()
+                    ),
+                    source: e,
+                });
+            }
+        };
+        let prepared = Prepared {
+            statement,
+            binds: bind_order(map, &key.1).into(),
+        };
+        self.statements.insert(key, prepared.clone());
+        Ok(prepared)
+    }
+
+    async fn ensure_open(&mut self) -> Result<(), SinkError> {
+        if !self.group.open {
+            self.send(
+                Purpose::Control("BEGIN"),
+                simple(&self.client, "BEGIN".into()),
+            )
+            .await?;
+            self.group.open = true;
+            self.group.started = Some(Instant::now());
+        }
+        Ok(())
+    }
+
+    async fn execute(
+        &mut self,
+        txn: &Arc<TransactionInfo>,
+        map: &Arc<TableMap>,
+        shape: Shape,
+        kind: ChangeKind,
+        new: &Row,
+        old: Option<&Row>,
+    ) -> Result<(), SinkError> {
+        self.ensure_open().await?;
+        let prepared = self.prepared(map, shape).await?;
+        let mut params = Vec::with_capacity(prepared.binds.len());
+        for &(from_old, i) in prepared.binds.iter() {
+            let row = if from_old { old.unwrap_or(new) } else { new };
+            let datum = row.get(i).cloned().unwrap_or(Datum::Null);
+            if matches!(datum, Datum::Binary(_)) && !map.columns[i].binary_ok {
+                let column = &map.columns[i];
+                return Err(SinkError::BinaryMismatch {
+                    table: map.target.display(),
+                    column: column.quoted.trim_matches('"').to_owned(),
+                    source_type: column.source_type.clone(),
+                    target_type: column.target_type.clone(),
+                });
+            }
+            params.push(Param(datum));
+        }
+        self.group.changes += 1;
+        let purpose = Purpose::Change {
+            txn: txn.clone(),
+            map: map.clone(),
+            kind,
+            binds: prepared.binds.clone(),
+        };
+        let client = self.client.clone();
+        let statement = prepared.statement;
+        let request = async move {
+            match client.execute_raw(&statement, params.iter()).await {
+                Ok(rows) => Ok(rows),
+                Err(error) => Err(Failed { error, params }),
+            }
+        };
+        if self.group.isolated && self.config.on_conflict == OnConflict::Skip {
+            return self.execute_or_skip(purpose, request).await;
+        }
+        self.send(purpose, request).await
+    }
+
+    /// Runs one change of the transaction being applied alone under a
+    /// savepoint: a conflict rolls back just that change, which is skipped.
+    async fn execute_or_skip(
+        &mut self,
+        purpose: Purpose,
+        request: impl Future<Output = Outcome> + Send + 'static,
+    ) -> Result<(), SinkError> {
+        self.drain().await?;
+        let client = self.client.clone();
+        let savepoint = |sql: &'static str| {
+            let client = client.clone();
+            async move { client.batch_execute(sql).await.map_err(failed(sql)) }
+        };
+        savepoint("SAVEPOINT walbridge_change").await?;
+        match request.await {
+            Ok(rows) => {
+                self.count(&purpose, rows);
+                savepoint("RELEASE SAVEPOINT walbridge_change").await
+            }
+            Err(f) if f.error.code().is_some_and(|c| c.code().starts_with("23")) => {
+                savepoint("ROLLBACK TO SAVEPOINT walbridge_change").await?;
+                if let Purpose::Change { map, .. } = &purpose {
+                    tracing::warn!(sink = %self.sink, source = %self.source.name, table = %map.target.display(), "skipped a conflicting change (on_conflict = \"skip\"): {}", describe_pg_error(&f.error));
+                }
+                self.group.misses.skipped_conflicts += 1;
+                Ok(())
+            }
+            Err(f) => Err(self.failure(purpose, f).await),
+        }
+    }
+
+    async fn send(
+        &mut self,
+        purpose: Purpose,
+        request: impl Future<Output = Outcome> + Send + 'static,
+    ) -> Result<(), SinkError> {
+        while self.inflight.is_full() {
+            self.take_one().await?;
+        }
+        self.inflight.push(purpose, request).await;
+        Ok(())
+    }
+
+    /// Takes the oldest result; `false` when nothing was in flight.
+    async fn take_one(&mut self) -> Result<bool, SinkError> {
+        let Some((purpose, outcome)) = self.inflight.next().await else {
+            return Ok(false);
+        };
+        match outcome {
+            Ok(rows) => {
+                self.count(&purpose, rows);
+                Ok(true)
+            }
+            Err(f) => Err(self.failure(purpose, f).await),
+        }
+    }
+
+    async fn drain(&mut self) -> Result<(), SinkError> {
+        while self.take_one().await? {}
+        Ok(())
+    }
+
+    fn count(&mut self, purpose: &Purpose, rows: u64) {
+        let Purpose::Change { map, kind, .. } = purpose else {
+            return;
+        };
+        if rows > 0 {
+            return;
+        }
+        let misses = &mut self.group.misses;
+        match kind {
+            ChangeKind::Update => misses.updates += 1,
+            ChangeKind::Delete => misses.deletes += 1,
+            ChangeKind::InsertOrSkip => misses.skipped_conflicts += 1,
+            ChangeKind::Insert => return,
+        }
+        misses.example.get_or_insert_with(|| map.target.display());
+    }
+
+    /// Turns a failed statement into the sink's error, recording the
+    /// source transaction it stopped on when the data is the cause.
+    async fn failure(&mut self, purpose: Purpose, failed: Failed) -> SinkError {
+        let code = failed.error.code().map(|c| c.code().to_owned());
+        let (txn, table) = match &purpose {
+            Purpose::Control(what) => {
+                return SinkError::Target {
+                    what: (*what).to_owned(),
+                    source: failed.error,
+                };
+            }
+            Purpose::Change { txn, map, .. } => (txn.clone(), map.target.display()),
+            Purpose::Truncate { txn, tables } => (txn.clone(), tables.clone()),
+        };
+        if transient(code.as_deref()) {
+            return SinkError::Target {
+                what: format!(
+                    "applying transaction {} of source `{}` to {table}",
+                    txn.xid, self.source.name
+                ),
+                source: failed.error,
+            };
+        }
+        let stopped = Box::new(StoppedOn {
+            source: self.source.name.clone(),
+            xid: txn.xid,
+            commit_lsn: txn.commit_lsn,
+            end_lsn: txn.end_lsn,
+            error: describe_pg_error(&failed.error),
+        });
+        self.state.set_stopped(&stopped);
+        let db = failed.error.as_db_error();
+        let message = db.map_or_else(|| failed.error.to_string(), |d| d.message().to_owned());
+        let class = code.as_deref().map_or("", |c| &c[..2.min(c.len())]);
+        match purpose {
+            Purpose::Truncate { tables, .. } => SinkError::Truncate {
+                sink: self.sink.clone(),
+                tables,
+                message: describe_pg_error(&failed.error),
+                stopped,
+            },
+            Purpose::Change { .. } if class == "23" => SinkError::Conflict {
+                sink: self.sink.clone(),
+                table,
+                message,
+                key: db
+                    .and_then(|d| d.detail())
+                    .map(|d| format!(" ({})", d.trim_end_matches('.')))
+                    .unwrap_or_default(),
+                stopped,
+            },
+            Purpose::Change { map, binds, .. }
+                if class == "22" || code.as_deref() == Some("42804") =>
+            {
+                let message = self.diagnose(&map, &binds, &failed).await;
+                SinkError::Value {
+                    sink: self.sink.clone(),
+                    message,
+                    stopped,
+                }
+            }
+            _ => SinkError::Apply {
+                table,
+                message: describe_pg_error(&failed.error),
+                stopped,
+            },
+        }
+    }
+
+    /// Finds the column whose value the target type cannot hold, by
+    /// casting each value on the lookup connection.
+    async fn diagnose(
+        &mut self,
+        map: &TableMap,
+        binds: &[(bool, usize)],
+        failed: &Failed,
+    ) -> String {
+        for (&(_, i), param) in binds.iter().zip(&failed.params) {
+            let column = &map.columns[i];
+            let probe = format!("SELECT $1::{}", column.target_type);
+            if let Err(e) = self.catalog.client().query_opt(&probe, &[param]).await {
+                return format!(
+                    "column {} of target table {} is {} (the publisher's is {}): {}",
+                    column.quoted,
+                    map.target.display(),
+                    column.target_type,
+                    column.source_type,
+                    describe_pg_error(&e)
+                );
+            }
+        }
+        format!(
+            "target table {}: {}",
+            map.target.display(),
+            describe_pg_error(&failed.error)
+        )
+    }
+
+    async fn truncate(
+        &mut self,
+        txn: &Arc<TransactionInfo>,
+        truncate: Truncate,
+    ) -> Result<(), SinkError> {
+        self.ensure_open().await?;
+        let mut tables: Vec<String> = Vec::new();
+        let mut deletes = Vec::new();
+        let mut names = Vec::new();
+        for relation in &truncate.relations {
+            let map = self.map(relation).await?;
+            names.push(map.target.display());
+            match &map.source_tag {
+                // The table holds other sources' rows too: remove only this source's.
+                Some((column, value)) => deletes.push(format!(
+                    "DELETE FROM {} WHERE {column} = {value}",
+                    map.quoted()
+                )),
+                None if !tables.contains(&map.quoted()) => tables.push(map.quoted()),
+                None => {}
+            }
+        }
+        let mut statements = deletes;
+        if !tables.is_empty() {
+            // RESTRICT, as a native subscriber: never reach tables outside the set.
+            statements.insert(
+                0,
+                format!(
+                    "TRUNCATE {}{}",
+                    tables.join(", "),
+                    if truncate.options.restart_identity {
+                        " RESTART IDENTITY"
+                    } else {
+                        ""
+                    }
+                ),
+            );
+        }
+        self.group.changes += 1;
+        let purpose = Purpose::Truncate {
+            txn: txn.clone(),
+            tables: names.join(", "),
+        };
+        self.send(purpose, simple(&self.client, statements.join("; ")))
+            .await
+    }
+
+    async fn snapshot_rows(&mut self, batch: SnapshotBatch) -> Result<(), SinkError> {
+        let map = self.map(&batch.relation).await?;
+        if self.copy.as_ref().map(|c| c.table) != Some(map.target.oid) {
+            self.finish_copy().await?;
+            self.ensure_open().await?;
+            self.drain().await?;
+            if self.copied.insert(map.target.oid) {
+                self.prepare_copy_target(&map).await?;
+            }
+            self.start_copy(&map).await?;
+        }
+        let extra = self
+            .config
+            .source_column
+            .is_some()
+            .then_some(self.source.name.as_str());
+        let Some(copy) = self.copy.as_mut() else {
+            return Ok(());
+        };
+        for row in &batch.rows {
+            encode_row(&mut copy.buffer, row, extra).map_err(|e| {
+                SinkError::Mapping(format!("snapshot of {}: {e}", map.source_table))
+            })?;
+        }
+        copy.rows += batch.rows.len() as u64;
+        self.group.changes += batch.rows.len();
+        if copy.buffer.len() >= COPY_CHUNK {
+            let chunk = copy.buffer.split().freeze();
+            copy.sink
+                .send(chunk)
+                .await
+                .map_err(failed(format!("copying rows into {}", copy.display)))?;
+        }
+        Ok(())
+    }
+
+    /// Before the first rows of the initial copy go into a table: it must
+    /// be empty (of this source's rows), or be emptied when configured.
+    async fn prepare_copy_target(&mut self, map: &TableMap) -> Result<(), SinkError> {
+        let filter = map
+            .source_tag
+            .as_ref()
+            .map(|(c, v)| format!(" WHERE {c} = {v}"))
+            .unwrap_or_default();
+        let table = map.quoted();
+        let has_rows: bool = self
+            .client
+            .query_one(
+                &format!("SELECT EXISTS (SELECT 1 FROM {table}{filter})"),
+                &[],
+            )
+            .await
+            .map_err(failed(format!(
+                "checking that {} is empty",
+                map.target.display()
+            )))?
+            .get(0);
+        if !has_rows {
+            return Ok(());
+        }
+        if !self.config.truncate_before_copy {
+            return Err(SinkError::TargetNotEmpty {
+                table: map.target.display(),
+                scope: match &map.source_tag {
+                    Some(_) => format!(" of source `{}`", self.source.name),
+                    None => String::new(),
+                },
+                source_table: map.source_table.clone(),
+            });
+        }
+        let empty = match &map.source_tag {
+            Some(_) => format!("DELETE FROM {table}{filter}"),
+            None => format!("TRUNCATE {table}"),
+        };
+        tracing::info!(sink = %self.sink, table = %map.target.display(), "emptying the target table before the initial copy (truncate_before_copy)");
+        self.client
+            .batch_execute(&empty)
+            .await
+            .map_err(failed(format!("emptying {}", map.target.display())))
+    }
+
+    async fn start_copy(&mut self, map: &TableMap) -> Result<(), SinkError> {
+        let mut columns: Vec<&str> = map.columns.iter().map(|c| c.quoted.as_str()).collect();
+        if let Some((column, _)) = &map.source_tag {
+            columns.push(column);
+        }
+        let statement = format!("COPY {} ({}) FROM STDIN", map.quoted(), columns.join(", "));
+        let sink = self
+            .client
+            .copy_in::<_, Bytes>(statement.as_str())
+            .await
+            .map_err(failed(format!(
+                "starting to copy rows into {}",
+                map.target.display()
+            )))?;
+        self.copy = Some(CopyIn {
+            table: map.target.oid,
+            display: map.target.display(),
+            sink: Box::pin(sink),
+            buffer: BytesMut::with_capacity(COPY_CHUNK * 2),
+            rows: 0,
+        });
+        Ok(())
+    }
+
+    async fn finish_copy(&mut self) -> Result<(), SinkError> {
+        let Some(mut copy) = self.copy.take() else {
+            return Ok(());
+        };
+        let what = || format!("copying rows into {}", copy.display);
+        if !copy.buffer.is_empty() {
+            let chunk = copy.buffer.split().freeze();
+            copy.sink.send(chunk).await.map_err(failed(what()))?;
+        }
+        let rows = copy.sink.as_mut().finish().await.map_err(failed(what()))?;
+        self.totals.rows_copied += rows;
+        tracing::info!(sink = %self.sink, source = %self.source.name, table = %copy.display, rows, "copied snapshot rows");
+        Ok(())
+    }
+
+    /// Commits the group with its position, if it has one.
+    async fn commit(&mut self) -> Result<(), SinkError> {
+        let Some(position) = self.group.position else {
+            return Ok(());
+        };
+        if self.txn.is_some() {
+            return Ok(());
+        }
+        self.finish_copy().await?;
+        self.ensure_open().await?;
+        if self.progress.needs_xid() {
+            // The commit record carries the position only if there is one.
+            self.send(
+                Purpose::Control("assigning a transaction id"),
+                simple(&self.client, "SELECT pg_current_xact_id()".into()),
+            )
+            .await?;
+        }
+        let record = self
+            .progress
+            .record_sql(position.lsn, self.group.commit_time);
+        self.send(
+            Purpose::Control("recording the applied position"),
+            simple(&self.client, record),
+        )
+        .await?;
+        self.send(
+            Purpose::Control("COMMIT"),
+            simple(&self.client, "COMMIT".into()),
+        )
+        .await?;
+        self.drain().await?;
+        let group = std::mem::take(&mut self.group);
+        self.report(&group);
+        if group.isolated {
+            self.state.clear_stopped(&self.source.name);
+            self.isolate = None;
+            tracing::info!(sink = %self.sink, source = %self.source.name, "the transaction the sink stopped on is applied; going on");
+        }
+        if self.config.synchronous_commit == crate::config::SynchronousCommit::Off {
+            let (written, flushed) = self.wal_positions().await?;
+            self.unflushed.push_back((written, position));
+            self.acknowledge_flushed(flushed);
+        } else {
+            self.acknowledge(position);
+        }
+        Ok(())
+    }
+
+    fn report(&mut self, group: &Group) {
+        self.totals.transactions += group.transactions;
+        self.totals.changes += group.changes as u64;
+        let misses = &group.misses;
+        self.totals.update_missing += misses.updates;
+        self.totals.delete_missing += misses.deletes;
+        self.totals.skipped_conflicts += misses.skipped_conflicts;
+        if misses.updates + misses.deletes > 0 {
+            tracing::warn!(
+                sink = %self.sink,
+                source = %self.source.name,
+                updates = misses.updates,
+                deletes = misses.deletes,
+                table = misses.example.as_deref().unwrap_or(""),
+                "updates/deletes found no row on the target and were skipped, as a native subscriber does (totals: {} updates, {} deletes)",
+                self.totals.update_missing,
+                self.totals.delete_missing
+            );
+        }
+        if misses.skipped_conflicts > 0 {
+            tracing::warn!(
+                sink = %self.sink,
+                source = %self.source.name,
+                skipped = misses.skipped_conflicts,
+                table = misses.example.as_deref().unwrap_or(""),
+                "conflicting changes skipped (on_conflict = \"skip\"; total {})",
+                self.totals.skipped_conflicts
+            );
+        }
+        if self.last_log.elapsed() >= PROGRESS_LOG {
+            self.log_totals();
+        }
+    }
+
+    fn log_totals(&mut self) {
+        let secs = self.last_log.elapsed().as_secs_f64().max(0.001);
+        tracing::info!(
+            sink = %self.sink,
+            source = %self.source.name,
+            transactions = self.totals.transactions,
+            changes = self.totals.changes,
+            rows_copied = self.totals.rows_copied,
+            changes_per_sec = (self.totals.changes as f64 / secs) as u64,
+            update_missing = self.totals.update_missing,
+            delete_missing = self.totals.delete_missing,
+            skipped_conflicts = self.totals.skipped_conflicts,
+            "applied"
+        );
+        self.totals = Totals::default();
+        self.last_log = Instant::now();
+    }
+
+    /// The target's WAL write (insert) and flush positions.
+    async fn wal_positions(&mut self) -> Result<(Lsn, Lsn), SinkError> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT pg_current_wal_insert_lsn()::text, pg_current_wal_flush_lsn()::text",
+                &[],
+            )
+            .await
+            .map_err(failed("reading the target's WAL position"))?;
+        let parse = |i: usize| row.get::<_, String>(i).parse::<Lsn>().unwrap_or(Lsn::ZERO);
+        Ok((parse(0), parse(1)))
+    }
+
+    async fn check_flushed(&mut self) -> Result<(), SinkError> {
+        let (_, flushed) = self.wal_positions().await?;
+        self.acknowledge_flushed(flushed);
+        Ok(())
+    }
+
+    /// Acknowledges every commit the target has flushed.
+    fn acknowledge_flushed(&mut self, flushed: Lsn) {
+        let mut last = None;
+        while let Some(&(written, position)) = self.unflushed.front() {
+            if written > flushed {
+                break;
+            }
+            self.unflushed.pop_front();
+            last = Some(position);
+        }
+        if let Some(position) = last {
+            self.acknowledge(position);
+        }
+    }
+
+    fn acknowledge(&mut self, position: LogPosition) {
+        self.source.acked.send_replace(position);
+        self.state.advanced(&self.source, position);
+    }
+
+    /// At the end of a run: one synchronous commit flushes the target's WAL
+    /// up to it, so every earlier commit can be acknowledged.
+    async fn flush_all(&mut self) -> Result<(), SinkError> {
+        if self.unflushed.is_empty() {
+            return Ok(());
+        }
+        self.client
+            .batch_execute(
+                "BEGIN; SET LOCAL synchronous_commit = local; SELECT pg_current_xact_id(); COMMIT",
+            )
+            .await
+            .map_err(failed("flushing the target's WAL"))?;
+        self.check_flushed().await
+    }
+}

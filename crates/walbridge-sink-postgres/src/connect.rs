@@ -1,0 +1,106 @@
+//! Connections to the target, set up for applying, and the sink's health
+//! check.
+
+use tokio_postgres::Client;
+use walbridge_pg::{ConnParams, connect_sql};
+
+use crate::config::PostgresSinkConfig;
+use crate::error::SinkError;
+
+/// The parsed connection string of `config`.
+pub fn params(config: &PostgresSinkConfig) -> Result<ConnParams, SinkError> {
+    ConnParams::parse(&config.connection).map_err(|source| SinkError::Params {
+        sink: config.name.clone(),
+        source,
+    })
+}
+
+/// Opens a connection to the target with walbridge's session settings.
+pub async fn connect(
+    config: &PostgresSinkConfig,
+    params: &ConnParams,
+) -> Result<Client, SinkError> {
+    connect_sql(params, &format!("walbridge_{}", config.name))
+        .await
+        .map_err(|source| SinkError::Connect {
+            target: params.display_target(),
+            source,
+        })
+}
+
+/// Opens a connection for applying: `session_replication_role = replica`
+/// (ordinary triggers and foreign-key checks do not fire; `ENABLE REPLICA`
+/// and `ENABLE ALWAYS` triggers do, as on a native subscriber) and the
+/// configured `synchronous_commit`.
+pub async fn connect_for_apply(
+    config: &PostgresSinkConfig,
+    params: &ConnParams,
+) -> Result<Client, SinkError> {
+    let client = connect(config, params).await?;
+    client
+        .batch_execute("SET session_replication_role = replica")
+        .await
+        .map_err(|source| match source.code().map(|c| c.code()) {
+            // 42501 insufficient_privilege
+            Some("42501") => SinkError::Privilege {
+                what: format!(
+                    "role \"{}\" may not set session_replication_role, which applying needs (so ordinary triggers and foreign-key checks do not fire twice)",
+                    params.user
+                ),
+                fix: format!(
+                    "connect as a superuser, or on PostgreSQL 15+ run GRANT SET ON PARAMETER session_replication_role TO \"{}\"",
+                    params.user
+                ),
+            },
+            _ => SinkError::Target {
+                what: "setting session_replication_role".into(),
+                source,
+            },
+        })?;
+    client
+        .batch_execute(&format!(
+            "SET synchronous_commit = {}",
+            config.synchronous_commit.as_sql()
+        ))
+        .await
+        .map_err(|source| SinkError::Target {
+            what: "setting synchronous_commit".into(),
+            source,
+        })?;
+    Ok(client)
+}
+
+/// What `walbridge check` reports for the sink: the target answers and
+/// the role may do what applying needs. Returns a line describing the
+/// target on success.
+pub async fn health_check(config: &PostgresSinkConfig) -> Result<String, SinkError> {
+    let params = params(config)?;
+    let client = connect_for_apply(config, &params).await?;
+    let version: String = client
+        .query_one("SHOW server_version", &[])
+        .await
+        .map_err(|source| SinkError::Target {
+            what: "reading the server version".into(),
+            source,
+        })?
+        .get(0);
+    let in_recovery: bool = client
+        .query_one("SELECT pg_is_in_recovery()", &[])
+        .await
+        .map_err(|source| SinkError::Target {
+            what: "checking for a standby".into(),
+            source,
+        })?
+        .get(0);
+    if in_recovery {
+        return Err(SinkError::Mapping(format!(
+            "the target {} is a standby (in recovery) and cannot be written: point the sink at the primary",
+            params.display_target()
+        )));
+    }
+    Ok(format!(
+        "target {} (PostgreSQL {version}) accepts writes as \"{}\"",
+        params.display_target(),
+        params.user
+    ))
+}

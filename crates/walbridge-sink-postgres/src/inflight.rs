@@ -1,0 +1,74 @@
+//! Statements sent ahead of their results (pipelining).
+//!
+//! tokio-postgres sends a request the first time its future is polled, and
+//! the server answers requests in the order they arrive. [`InFlight::push`]
+//! polls each new future once, so requests leave in the order they are
+//! pushed; results are taken in the same order. Bounding the queue bounds
+//! memory and keeps the server's and our socket buffers from filling up.
+
+use std::collections::VecDeque;
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::task::Poll;
+
+use crate::statement::Param;
+
+/// Why a statement failed, with the values it was given (for diagnostics).
+pub struct Failed {
+    /// The server's (or client's) error.
+    pub error: tokio_postgres::Error,
+    /// The bound values, for statements that had any.
+    pub params: Vec<Param>,
+}
+
+/// The rows a statement affected, or why it failed.
+pub type Outcome = Result<u64, Failed>;
+
+type Pending = Pin<Box<dyn Future<Output = Outcome> + Send>>;
+
+/// Requests sent and not yet answered, each with what it was for.
+pub struct InFlight<T> {
+    queue: VecDeque<(T, Pending)>,
+    limit: usize,
+}
+
+impl<T> InFlight<T> {
+    /// A queue of at most `limit` requests.
+    pub fn new(limit: usize) -> Self {
+        InFlight {
+            queue: VecDeque::with_capacity(limit),
+            limit: limit.max(1),
+        }
+    }
+
+    /// True when nothing is in flight.
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// True when the next [`InFlight::push`] must first take a result.
+    pub fn is_full(&self) -> bool {
+        self.queue.len() >= self.limit
+    }
+
+    /// Sends the request behind `request` now and queues it with `tag`.
+    /// Call [`InFlight::next`] first while [`InFlight::is_full`].
+    pub async fn push<F>(&mut self, tag: T, request: F)
+    where
+        F: Future<Output = Outcome> + Send + 'static,
+    {
+        let mut request: Pending = Box::pin(request);
+        let first = poll_fn(|cx| Poll::Ready(request.as_mut().poll(cx))).await;
+        let request: Pending = match first {
+            Poll::Pending => request,
+            Poll::Ready(outcome) => Box::pin(std::future::ready(outcome)),
+        };
+        self.queue.push_back((tag, request));
+    }
+
+    /// The oldest request's tag and outcome, `None` when nothing is in flight.
+    pub async fn next(&mut self) -> Option<(T, Outcome)> {
+        let (tag, request) = self.queue.pop_front()?;
+        Some((tag, request.await))
+    }
+}

@@ -1,0 +1,409 @@
+//! From a source table to a target table: the name template, columns
+//! matched by name, the identity that finds a row, the upsert arbiter.
+//!
+//! A mapping is made per relation descriptor, so a change is always applied
+//! with the columns the publisher described when it made the change (a
+//! column dropped on the publisher mid-stream simply stops being written;
+//! the target keeps its column, which new rows fill with its default).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use walbridge_core::{Oid, Relation, ReplicaIdentity, ValueKind};
+use walbridge_pg::{quote_ident, quote_literal};
+
+use crate::config::{OnConflict, PostgresSinkConfig};
+use crate::error::SinkError;
+use crate::target::{TargetCatalog, TargetTable};
+
+/// Object identifiers below this are built into PostgreSQL and equal on
+/// every server; user-defined types get different OIDs on every database.
+const FIRST_NORMAL_OBJECT_ID: Oid = 16384;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Part {
+    Literal(String),
+    Source,
+    Schema,
+    Table,
+}
+
+/// The `table` template: target names made of `{source}`, `{schema}`,
+/// `{table}` and literal text. The first `.` outside a placeholder
+/// separates the schema from the table name, so names that themselves
+/// contain dots still map correctly.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NameTemplate {
+    schema: Option<Vec<Part>>,
+    table: Vec<Part>,
+}
+
+impl NameTemplate {
+    /// Parses a template; unknown placeholders and empty names are errors.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut schema = None;
+        let mut current = Vec::new();
+        let mut literal = String::new();
+        let flush = |literal: &mut String, current: &mut Vec<Part>| {
+            if !literal.is_empty() {
+                current.push(Part::Literal(std::mem::take(literal)));
+            }
+        };
+        let mut rest = text;
+        while let Some(c) = rest.chars().next() {
+            match c {
+                '{' => {
+                    let end = rest
+                        .find('}')
+                        .ok_or_else(|| format!("`{text}`: unterminated `{{`"))?;
+                    let part = match &rest[1..end] {
+                        "source" => Part::Source,
+                        "schema" => Part::Schema,
+                        "table" => Part::Table,
+                        other => {
+                            return Err(format!(
+                                "`{text}`: unknown placeholder `{{{other}}}` (use {{source}}, {{schema}} and {{table}})"
+                            ));
+                        }
+                    };
+                    flush(&mut literal, &mut current);
+                    current.push(part);
+                    rest = &rest[end + 1..];
+                }
+                '.' if schema.is_none() => {
+                    flush(&mut literal, &mut current);
+                    schema = Some(std::mem::take(&mut current));
+                    rest = &rest[1..];
+                }
+                _ => {
+                    literal.push(c);
+                    rest = &rest[c.len_utf8()..];
+                }
+            }
+        }
+        flush(&mut literal, &mut current);
+        if current.is_empty() || schema.as_ref().is_some_and(Vec::is_empty) {
+            return Err(format!(
+                "`{text}`: needs a table name, optionally with a schema: e.g. \"{{schema}}.{{table}}\" or \"analytics.{{source}}_{{table}}\""
+            ));
+        }
+        Ok(NameTemplate {
+            schema,
+            table: current,
+        })
+    }
+
+    /// The target schema (`None`: the search path) and table name.
+    pub fn render(&self, source: &str, schema: &str, table: &str) -> (Option<String>, String) {
+        let render = |parts: &[Part]| {
+            parts
+                .iter()
+                .map(|p| match p {
+                    Part::Literal(l) => l.as_str(),
+                    Part::Source => source,
+                    Part::Schema => schema,
+                    Part::Table => table,
+                })
+                .collect::<String>()
+        };
+        (self.schema.as_deref().map(render), render(&self.table))
+    }
+}
+
+/// One published column and where it goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MappedColumn {
+    /// The target column's quoted name.
+    pub quoted: String,
+    /// The target column's type as SQL writes it.
+    pub target_type: String,
+    /// The publisher's type name.
+    pub source_type: String,
+    /// Rows can be found by `=` on this column (else by its text form).
+    pub comparable: bool,
+    /// Binary values can be passed as they are.
+    pub binary_ok: bool,
+}
+
+/// How one source table is applied into one target table.
+#[derive(Debug)]
+pub struct TableMap {
+    /// Distinguishes mappings in statement caches.
+    pub id: usize,
+    /// `schema.table` on the publisher.
+    pub source_table: String,
+    /// The target table.
+    pub target: Arc<TargetTable>,
+    /// Per published column, in the relation's order.
+    pub columns: Vec<MappedColumn>,
+    /// The published columns that identify a row: the key columns, or
+    /// every column for REPLICA IDENTITY FULL; empty for NOTHING.
+    pub identity: Vec<usize>,
+    /// REPLICA IDENTITY FULL: rows are found by comparing every column,
+    /// and exactly one of several equal rows is changed.
+    pub full_identity: bool,
+    /// With `source_column`: its quoted name and the quoted source name.
+    pub source_tag: Option<(String, String)>,
+    /// With `on_conflict = "upsert"`: the quoted arbiter columns.
+    pub upsert_key: Option<Vec<String>>,
+}
+
+impl TableMap {
+    /// The target's quoted name.
+    pub fn quoted(&self) -> String {
+        self.target.quoted()
+    }
+}
+
+/// Finds and caches the mapping of each relation descriptor.
+pub struct Mapper {
+    source: String,
+    template: NameTemplate,
+    source_column: Option<String>,
+    on_conflict: OnConflict,
+    next_id: usize,
+    /// By the descriptor's address (the `Arc` in the value keeps it from
+    /// being reused), then by content for descriptors decoded again.
+    by_address: HashMap<usize, (Arc<Relation>, Arc<TableMap>)>,
+    by_content: Vec<(Arc<Relation>, Arc<TableMap>)>,
+}
+
+impl Mapper {
+    /// Mappings of `source`'s tables under `config`.
+    pub fn new(config: &PostgresSinkConfig, source: &str) -> Result<Self, String> {
+        Ok(Mapper {
+            source: source.to_owned(),
+            template: NameTemplate::parse(&config.table)?,
+            source_column: config.source_column.clone(),
+            on_conflict: config.on_conflict,
+            next_id: 0,
+            by_address: HashMap::new(),
+            by_content: Vec::new(),
+        })
+    }
+
+    /// The mapping of `relation`, looked up on the target the first time.
+    pub async fn map(
+        &mut self,
+        catalog: &mut TargetCatalog,
+        relation: &Arc<Relation>,
+    ) -> Result<Arc<TableMap>, SinkError> {
+        let address = Arc::as_ptr(relation) as usize;
+        if let Some((_, map)) = self.by_address.get(&address) {
+            return Ok(map.clone());
+        }
+        let known = self
+            .by_content
+            .iter()
+            .find(|(r, _)| **r == **relation)
+            .map(|(_, m)| m.clone());
+        let map = match known {
+            Some(m) => m,
+            None => {
+                let m = Arc::new(self.build(catalog, relation).await?);
+                self.by_content.push((relation.clone(), m.clone()));
+                m
+            }
+        };
+        // Bounded: decoders share descriptors, so this only grows with schema changes.
+        if self.by_address.len() > 4096 {
+            self.by_address.clear();
+        }
+        self.by_address
+            .insert(address, (relation.clone(), map.clone()));
+        Ok(map)
+    }
+
+    /// The target table that receives `relation` (for TRUNCATE, which needs no columns).
+    pub async fn target(
+        &mut self,
+        catalog: &mut TargetCatalog,
+        relation: &Arc<Relation>,
+    ) -> Result<Arc<TargetTable>, SinkError> {
+        Ok(self.map(catalog, relation).await?.target.clone())
+    }
+
+    async fn build(
+        &mut self,
+        catalog: &mut TargetCatalog,
+        relation: &Relation,
+    ) -> Result<TableMap, SinkError> {
+        let source_table = format!("{}.{}", relation.schema, relation.name);
+        let (schema, name) = self
+            .template
+            .render(&self.source, &relation.schema, &relation.name);
+        let target = catalog
+            .table(schema.as_deref(), &name)
+            .await?
+            .ok_or_else(|| SinkError::MissingTable {
+                target: schema
+                    .as_deref()
+                    .map_or(name.clone(), |s| format!("{s}.{name}")),
+                source_table: source_table.clone(),
+            })?;
+        let mut columns = Vec::with_capacity(relation.columns.len());
+        for column in &relation.columns {
+            let target_column =
+                target
+                    .column(&column.name)
+                    .ok_or_else(|| SinkError::MissingColumn {
+                        table: target.display(),
+                        column: column.name.clone(),
+                        source_type: column.type_name.clone(),
+                        source_table: source_table.clone(),
+                    })?;
+            if target_column.generated {
+                return Err(SinkError::GeneratedColumn {
+                    table: target.display(),
+                    column: column.name.clone(),
+                    source_table,
+                });
+            }
+            let same_builtin = column.type_oid == target_column.type_oid
+                && column.type_oid < FIRST_NORMAL_OBJECT_ID;
+            columns.push(MappedColumn {
+                quoted: quote_ident(&column.name),
+                target_type: target_column.type_sql.clone(),
+                source_type: column.type_name.clone(),
+                comparable: target_column.comparable,
+                // An enum's binary form is its label, which any enum with that label accepts.
+                binary_ok: same_builtin || column.kind == ValueKind::Enum,
+            });
+        }
+        let source_tag = match &self.source_column {
+            Some(name) => {
+                let c = target
+                    .column(name)
+                    .ok_or_else(|| SinkError::MissingColumn {
+                        table: target.display(),
+                        column: name.clone(),
+                        source_type: "the source name (`source_column`)".into(),
+                        source_table: source_table.clone(),
+                    })?;
+                if relation.columns.iter().any(|rc| rc.name == *name) {
+                    return Err(SinkError::Mapping(format!(
+                        "source table {source_table} itself has a column \"{name}\", which is also the sink's `source_column`: choose another source_column name"
+                    )));
+                }
+                Some((quote_ident(&c.name), quote_literal(&self.source)))
+            }
+            None => None,
+        };
+        let full_identity = relation.replica_identity == ReplicaIdentity::Full;
+        let identity: Vec<usize> = match relation.replica_identity {
+            ReplicaIdentity::Full => (0..relation.columns.len()).collect(),
+            ReplicaIdentity::Nothing => Vec::new(),
+            ReplicaIdentity::Default | ReplicaIdentity::Index => relation.key_columns().collect(),
+        };
+        let upsert_key = if self.on_conflict == OnConflict::Upsert {
+            Some(upsert_key(
+                relation,
+                &target,
+                &identity,
+                full_identity,
+                self.source_column.as_deref(),
+                &source_table,
+            )?)
+        } else {
+            None
+        };
+        self.next_id += 1;
+        Ok(TableMap {
+            id: self.next_id,
+            source_table,
+            target,
+            columns,
+            identity,
+            full_identity,
+            source_tag,
+            upsert_key,
+        })
+    }
+}
+
+/// The unique index `INSERT … ON CONFLICT` names: one on exactly the
+/// identity columns (plus `source_column`), else the primary key when all
+/// its columns are published.
+fn upsert_key(
+    relation: &Relation,
+    target: &TargetTable,
+    identity: &[usize],
+    full_identity: bool,
+    source_column: Option<&str>,
+    source_table: &str,
+) -> Result<Vec<String>, SinkError> {
+    let mut wanted: Vec<String> = if full_identity {
+        Vec::new()
+    } else {
+        identity
+            .iter()
+            .map(|&i| relation.columns[i].name.clone())
+            .collect()
+    };
+    wanted.extend(source_column.map(str::to_owned));
+    let same_set =
+        |key: &Vec<String>| key.len() == wanted.len() && key.iter().all(|k| wanted.contains(k));
+    let published = |key: &Vec<String>| {
+        key.iter().all(|k| {
+            relation.columns.iter().any(|c| c.name == *k) || Some(k.as_str()) == source_column
+        })
+    };
+    let chosen = (!identity.is_empty() && !full_identity)
+        .then(|| target.unique_keys.iter().find(|k| same_set(k)))
+        .flatten()
+        .or_else(|| {
+            target
+                .has_primary_key
+                .then(|| &target.unique_keys[0])
+                .filter(|k| published(k))
+        });
+    match chosen {
+        Some(key) => Ok(key.iter().map(|k| quote_ident(k)).collect()),
+        None => Err(SinkError::NoUpsertKey {
+            table: target.display(),
+            columns: if wanted.is_empty() {
+                "the published columns".into()
+            } else {
+                wanted.join(", ")
+            },
+            source_table: source_table.to_owned(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_render_schema_and_table() {
+        let t = |text: &str| NameTemplate::parse(text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            t("{schema}.{table}").render("shop", "public", "orders"),
+            (Some("public".into()), "orders".into())
+        );
+        assert_eq!(
+            t("{source}_{schema}.{table}").render("shop", "public", "orders"),
+            (Some("shop_public".into()), "orders".into())
+        );
+        assert_eq!(
+            t("analytics.{source}_{table}").render("shop", "s", "o"),
+            (Some("analytics".into()), "shop_o".into())
+        );
+        assert_eq!(
+            t("{table}").render("x", "s.with.dots", "t.d"),
+            (None, "t.d".into())
+        );
+        assert_eq!(
+            t("{schema}.{table}").render("x", "s.with.dots", "t"),
+            (Some("s.with.dots".into()), "t".into())
+        );
+    }
+
+    #[test]
+    fn bad_templates_are_explained() {
+        for bad in ["{schema}.", ".{table}", "{nope}", "{table", ""] {
+            assert!(NameTemplate::parse(bad).is_err(), "{bad} accepted");
+        }
+    }
+}

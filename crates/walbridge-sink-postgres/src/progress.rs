@@ -1,0 +1,268 @@
+//! Where the target remembers how far each source has been applied.
+//!
+//! The position is written in the same transaction as the data it covers,
+//! so after any crash — of walbridge or of the target — the target's
+//! stored position and its data agree, and the sink resumes right after
+//! the last transaction the target kept: exactly once.
+//!
+//! * **Replication origin** (as a native subscriber): the apply session is
+//!   bound to an origin `walbridge_<sink>_<source>` and each transaction
+//!   records the source position with `pg_replication_origin_xact_setup`,
+//!   in the commit record itself. Changes applied this way carry the
+//!   origin, so a walbridge source or native subscription reading the
+//!   target with `origin = none` skips them (cascades without loops).
+//! * **Progress table**, for roles that may not use origins: an upsert of
+//!   the row `(sink, source)` in the same transaction. Loops cannot be
+//!   broken this way.
+
+use tokio_postgres::Client;
+use walbridge_core::{Lsn, PgTimestamp};
+use walbridge_pg::{quote_literal, quote_qualified};
+
+use crate::config::ProgressMode;
+use crate::error::SinkError;
+
+/// Splits `schema.table` (both parts required).
+pub fn split_qualified(name: &str) -> Result<(&str, &str), String> {
+    match name.split_once('.') {
+        Some((s, t)) if !s.is_empty() && !t.is_empty() => Ok((s, t)),
+        _ => Err(format!("`{name}`: write it as schema.table")),
+    }
+}
+
+fn failed(what: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> SinkError {
+    let what = what.into();
+    move |source| SinkError::Target { what, source }
+}
+
+/// The functions a role must be able to execute to track progress with an origin.
+const ORIGIN_FUNCTIONS: [&str; 5] = [
+    "pg_replication_origin_create(text)",
+    "pg_replication_origin_session_setup(text)",
+    "pg_replication_origin_xact_setup(pg_lsn, timestamp with time zone)",
+    "pg_replication_origin_progress(text, boolean)",
+    "pg_replication_origin_advance(text, pg_lsn)",
+];
+
+/// One source's stored position on the target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProgressStore {
+    /// A replication origin.
+    Origin {
+        /// Its name.
+        name: String,
+    },
+    /// A row of the progress table.
+    Table {
+        /// The quoted table name.
+        table: String,
+        /// The sink's name (first key column).
+        sink: String,
+        /// The source's name (second key column).
+        source: String,
+    },
+}
+
+impl ProgressStore {
+    /// The origin name of `sink` for `source`.
+    pub fn origin_name(sink: &str, source: &str) -> String {
+        format!("walbridge_{sink}_{source}")
+    }
+
+    /// Chooses how progress is stored (for `auto`: an origin when the role
+    /// may use one) and creates the origin or table when missing.
+    pub async fn open(
+        client: &Client,
+        mode: ProgressMode,
+        progress_table: &str,
+        sink: &str,
+        source: &str,
+    ) -> Result<Self, SinkError> {
+        let may_use_origins = may_use_origins(client).await?;
+        let use_origin = match mode {
+            ProgressMode::Origin if !may_use_origins => {
+                return Err(SinkError::Privilege {
+                    what: "progress = \"origin\" but the role may not use replication origins"
+                        .into(),
+                    fix: format!(
+                        "connect as a superuser, or GRANT EXECUTE ON FUNCTION {} TO the role; or use progress = \"table\"",
+                        ORIGIN_FUNCTIONS.join(", ")
+                    ),
+                });
+            }
+            ProgressMode::Origin => true,
+            ProgressMode::Auto => may_use_origins,
+            ProgressMode::Table => false,
+        };
+        if use_origin {
+            let name = Self::origin_name(sink, source);
+            client
+                .execute(
+                    "SELECT pg_replication_origin_create($1) WHERE pg_replication_origin_oid($1) IS NULL",
+                    &[&name],
+                )
+                .await
+                .map_err(failed(format!("creating replication origin {name}")))?;
+            return Ok(ProgressStore::Origin { name });
+        }
+        let (schema, table) = split_qualified(progress_table).map_err(SinkError::Mapping)?;
+        let table = quote_qualified(schema, table);
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE IF NOT EXISTS {table} (\
+                   sink text NOT NULL, source text NOT NULL, lsn pg_lsn NOT NULL, \
+                   commit_time timestamptz, updated_at timestamptz NOT NULL DEFAULT now(), \
+                   PRIMARY KEY (sink, source))"
+            ))
+            .await
+            .map_err(failed(format!(
+                "creating the progress table {progress_table} (set `progress_table` to a schema the role may create tables in)"
+            )))?;
+        Ok(ProgressStore::Table {
+            table,
+            sink: sink.to_owned(),
+            source: source.to_owned(),
+        })
+    }
+
+    /// Binds the apply session to the origin, so its commits carry it.
+    pub async fn bind_session(&self, client: &Client) -> Result<(), SinkError> {
+        if let ProgressStore::Origin { name } = self {
+            client
+                .execute("SELECT pg_replication_origin_session_setup($1)", &[name])
+                .await
+                .map_err(|source| match source.code().map(|c| c.code()) {
+                    // 55006 object_in_use: another session holds the origin.
+                    Some("55006") => SinkError::Privilege {
+                        what: format!("replication origin {name} is in use by another session"),
+                        fix: "another walbridge (or `walbridge skip`) is applying with this sink name; stop it, or give this sink another name".into(),
+                    },
+                    _ => SinkError::Target {
+                        what: format!("binding the session to replication origin {name}"),
+                        source,
+                    },
+                })?;
+        }
+        Ok(())
+    }
+
+    /// The position last committed, `None` before the first transaction.
+    pub async fn applied(&self, client: &Client) -> Result<Option<Lsn>, SinkError> {
+        let text: Option<String> = match self {
+            ProgressStore::Origin { name } => client
+                .query_one(
+                    "SELECT pg_replication_origin_progress($1, false)::text",
+                    &[name],
+                )
+                .await
+                .map_err(failed(format!("reading replication origin {name}")))?
+                .get(0),
+            ProgressStore::Table {
+                table,
+                sink,
+                source,
+            } => client
+                .query_opt(
+                    &format!("SELECT lsn::text FROM {table} WHERE sink = $1 AND source = $2"),
+                    &[sink, source],
+                )
+                .await
+                .map_err(failed(format!("reading {table}")))?
+                .map(|r| r.get(0)),
+        };
+        Ok(text
+            .and_then(|t| t.parse::<Lsn>().ok())
+            .filter(|l| !l.is_zero()))
+    }
+
+    /// The statement, run in the applying transaction just before COMMIT,
+    /// that records `lsn` as applied.
+    pub fn record_sql(&self, lsn: Lsn, commit_time: PgTimestamp) -> String {
+        let lsn = quote_literal(&lsn.to_string());
+        let time = format!(
+            "to_timestamp({}::float8 / 1000000)",
+            commit_time.unix_micros()
+        );
+        match self {
+            ProgressStore::Origin { .. } => {
+                format!("SELECT pg_replication_origin_xact_setup({lsn}, {time})")
+            }
+            ProgressStore::Table {
+                table,
+                sink,
+                source,
+            } => format!(
+                "INSERT INTO {table} (sink, source, lsn, commit_time) VALUES ({}, {}, {lsn}, {time}) \
+                 ON CONFLICT (sink, source) DO UPDATE SET lsn = EXCLUDED.lsn, commit_time = EXCLUDED.commit_time, updated_at = now()",
+                quote_literal(sink),
+                quote_literal(source)
+            ),
+        }
+    }
+
+    /// True when an otherwise empty transaction must be given a
+    /// transaction id for its commit to record the position.
+    pub fn needs_xid(&self) -> bool {
+        matches!(self, ProgressStore::Origin { .. })
+    }
+
+    /// Moves the stored position to `to`, outside the apply session (for
+    /// `walbridge skip`); fails if the position is not `from` any more.
+    pub async fn advance(
+        &self,
+        client: &Client,
+        from: Option<Lsn>,
+        to: Lsn,
+    ) -> Result<(), SinkError> {
+        if self.applied(client).await? != from {
+            return Err(SinkError::Mapping(
+                "the sink's position changed meanwhile; run the command again".into(),
+            ));
+        }
+        match self {
+            ProgressStore::Origin { name } => client
+                .execute(
+                    "SELECT pg_replication_origin_advance($1, $2::text::pg_lsn)",
+                    &[name, &to.to_string()],
+                )
+                .await
+                .map(|_| ())
+                .map_err(|source| match source.code().map(|c| c.code()) {
+                    Some("55006") => SinkError::Privilege {
+                        what: format!("replication origin {name} is in use"),
+                        fix: "the sink is applying right now; wait until it reports the conflict again and retry".into(),
+                    },
+                    _ => SinkError::Target {
+                        what: format!("advancing replication origin {name}"),
+                        source,
+                    },
+                }),
+            ProgressStore::Table { .. } => client
+                .batch_execute(&self.record_sql(to, PgTimestamp::now()))
+                .await
+                .map_err(failed("advancing the progress table")),
+        }
+    }
+}
+
+/// Superusers may; others need EXECUTE on every origin function.
+async fn may_use_origins(client: &Client) -> Result<bool, SinkError> {
+    let row = client
+        .query_one(
+            "SELECT rolsuper OR ( \
+                 has_function_privilege($1, 'EXECUTE') AND has_function_privilege($2, 'EXECUTE') AND \
+                 has_function_privilege($3, 'EXECUTE') AND has_function_privilege($4, 'EXECUTE') AND \
+                 has_function_privilege($5, 'EXECUTE')) \
+             FROM pg_roles WHERE rolname = current_user",
+            &[
+                &ORIGIN_FUNCTIONS[0],
+                &ORIGIN_FUNCTIONS[1],
+                &ORIGIN_FUNCTIONS[2],
+                &ORIGIN_FUNCTIONS[3],
+                &ORIGIN_FUNCTIONS[4],
+            ],
+        )
+        .await
+        .map_err(failed("checking the role's privileges"))?;
+    Ok(row.get(0))
+}

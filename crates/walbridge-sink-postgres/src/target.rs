@@ -1,0 +1,234 @@
+//! What the sink knows about the target database's tables, looked up on a
+//! connection of its own (so a lookup never runs inside, or aborts, the
+//! apply transaction).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio_postgres::Client;
+use walbridge_core::Oid;
+use walbridge_pg::{quote_ident, quote_qualified};
+
+use crate::error::SinkError;
+
+/// A column of a target table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetColumn {
+    /// Column name.
+    pub name: String,
+    /// Type OID on the target.
+    pub type_oid: Oid,
+    /// The type as SQL writes it, with its modifier (`character varying(5)`).
+    pub type_sql: String,
+    /// `attgenerated` is set: the column cannot be written.
+    pub generated: bool,
+    /// Values can be compared with `IS NOT DISTINCT FROM` (the type, or
+    /// its array element, has an equality operator); otherwise rows are
+    /// found by comparing text forms.
+    pub comparable: bool,
+}
+
+/// A table (or partitioned table) on the target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetTable {
+    /// Its OID.
+    pub oid: Oid,
+    /// Schema name.
+    pub schema: String,
+    /// Table name.
+    pub name: String,
+    /// `relkind = 'p'`.
+    pub partitioned: bool,
+    /// Columns in attribute order, without dropped and system columns.
+    pub columns: Vec<TargetColumn>,
+    /// Column sets of the primary key (first, when there is one) and of
+    /// every other plain unique index: the arbiters `ON CONFLICT` can name.
+    pub unique_keys: Vec<Vec<String>>,
+    /// True when `unique_keys[0]` is the primary key.
+    pub has_primary_key: bool,
+}
+
+impl TargetTable {
+    /// `"schema"."name"`.
+    pub fn quoted(&self) -> String {
+        quote_qualified(&self.schema, &self.name)
+    }
+
+    /// `schema.name` for messages.
+    pub fn display(&self) -> String {
+        format!("{}.{}", self.schema, self.name)
+    }
+
+    /// The column named `name`.
+    pub fn column(&self, name: &str) -> Option<&TargetColumn> {
+        self.columns.iter().find(|c| c.name == name)
+    }
+}
+
+/// Looks up target tables by name, caching what it found.
+pub struct TargetCatalog {
+    client: Client,
+    tables: HashMap<(Option<String>, String), Arc<TargetTable>>,
+    comparable: HashMap<Oid, bool>,
+}
+
+fn lookup_error(what: String) -> impl FnOnce(tokio_postgres::Error) -> SinkError {
+    move |source| SinkError::Target { what, source }
+}
+
+impl TargetCatalog {
+    /// A catalog reading through `client`.
+    pub fn new(client: Client) -> Self {
+        TargetCatalog {
+            client,
+            tables: HashMap::new(),
+            comparable: HashMap::new(),
+        }
+    }
+
+    /// The connection used for lookups.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Forgets every cached table (after the target's schema may have changed).
+    pub fn clear(&mut self) {
+        self.tables.clear();
+    }
+
+    /// The table `schema.name` (or `name` on the search path when `schema`
+    /// is `None`), or `None` when no such table exists. Views and other
+    /// relation kinds are an error: only tables can be replicated into.
+    pub async fn table(
+        &mut self,
+        schema: Option<&str>,
+        name: &str,
+    ) -> Result<Option<Arc<TargetTable>>, SinkError> {
+        let key = (schema.map(str::to_owned), name.to_owned());
+        if let Some(t) = self.tables.get(&key) {
+            return Ok(Some(t.clone()));
+        }
+        let quoted = match schema {
+            Some(s) => quote_qualified(s, name),
+            None => quote_ident(name),
+        };
+        let display = match schema {
+            Some(s) => format!("{s}.{name}"),
+            None => name.to_owned(),
+        };
+        let row = self
+            .client
+            .query_opt(
+                "SELECT c.oid, n.nspname::text, c.relname::text, c.relkind::text \
+                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE c.oid = to_regclass($1)",
+                &[&quoted],
+            )
+            .await
+            .map_err(lookup_error(format!("looking up table {display}")))?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let oid: Oid = row.get(0);
+        let relkind: String = row.get(3);
+        if relkind != "r" && relkind != "p" {
+            return Err(SinkError::NotATable {
+                table: display,
+                kind: match relkind.as_str() {
+                    "v" => "a view",
+                    "m" => "a materialized view",
+                    "f" => "a foreign table",
+                    "S" => "a sequence",
+                    _ => "not a table",
+                },
+            });
+        }
+        let columns = self.columns(oid, &display).await?;
+        let (unique_keys, has_primary_key) = self.unique_keys(oid, &display).await?;
+        let table = Arc::new(TargetTable {
+            oid,
+            schema: row.get(1),
+            name: row.get(2),
+            partitioned: relkind == "p",
+            columns,
+            unique_keys,
+            has_primary_key,
+        });
+        self.tables.insert(key, table.clone());
+        Ok(Some(table))
+    }
+
+    async fn columns(&mut self, oid: Oid, display: &str) -> Result<Vec<TargetColumn>, SinkError> {
+        let rows = self
+            .client
+            .query(
+                "SELECT a.attname::text, a.atttypid, format_type(a.atttypid, a.atttypmod), \
+                        a.attgenerated <> '', \
+                        CASE WHEN t.typcategory = 'A' THEN t.typelem ELSE a.atttypid END \
+                 FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+                 WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped \
+                 ORDER BY a.attnum",
+                &[&oid],
+            )
+            .await
+            .map_err(lookup_error(format!("reading the columns of {display}")))?;
+        let mut columns = Vec::with_capacity(rows.len());
+        for row in rows {
+            let compared_type: Oid = row.get(4);
+            let comparable = self.has_equality(compared_type).await?;
+            columns.push(TargetColumn {
+                name: row.get(0),
+                type_oid: row.get(1),
+                type_sql: row.get(2),
+                generated: row.get(3),
+                comparable,
+            });
+        }
+        Ok(columns)
+    }
+
+    /// Whether `=` resolves for the type: asked of the server itself, which
+    /// knows about coercions, domains and operator classes.
+    async fn has_equality(&mut self, type_oid: Oid) -> Result<bool, SinkError> {
+        if let Some(&known) = self.comparable.get(&type_oid) {
+            return Ok(known);
+        }
+        let name: String = self
+            .client
+            .query_one("SELECT format_type($1, NULL)", &[&type_oid])
+            .await
+            .map_err(lookup_error(format!("type {type_oid}")))?
+            .get(0);
+        let probe = format!("SELECT NULL::{name} IS NOT DISTINCT FROM NULL::{name}");
+        let comparable = match self.client.simple_query(&probe).await {
+            Ok(_) => true,
+            // 42883: undefined_function (no equality operator).
+            Err(e) if e.code().is_some_and(|c| c.code() == "42883") => false,
+            Err(e) => return Err(lookup_error(format!("type {name}"))(e)),
+        };
+        self.comparable.insert(type_oid, comparable);
+        Ok(comparable)
+    }
+
+    async fn unique_keys(
+        &mut self,
+        oid: Oid,
+        display: &str,
+    ) -> Result<(Vec<Vec<String>>, bool), SinkError> {
+        let rows = self
+            .client
+            .query(
+                "SELECT i.indisprimary, \
+                        array(SELECT a.attname::text FROM unnest(i.indkey) WITH ORDINALITY k(attnum, n) \
+                              JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum ORDER BY k.n) \
+                 FROM pg_index i \
+                 WHERE i.indrelid = $1 AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL \
+                 ORDER BY i.indisprimary DESC, i.indexrelid",
+                &[&oid],
+            )
+            .await
+            .map_err(lookup_error(format!("reading the indexes of {display}")))?;
+        let has_primary_key = rows.first().is_some_and(|r| r.get::<_, bool>(0));
+        Ok((rows.iter().map(|r| r.get(1)).collect(), has_primary_key))
+    }
+}
