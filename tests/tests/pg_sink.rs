@@ -119,3 +119,427 @@ fn copy_then_changes_with_an_insert_only_publication() {
     let status = running.stop(WAIT);
     assert!(status.success(), "exit {status}; log:\n{}", r.wb.log());
 }
+
+#[test]
+fn columns_match_by_name_with_target_defaults_and_a_column_dropped_mid_stream() {
+    let r = Replication::new("SELECT 1");
+    r.publisher
+        .psql("CREATE TABLE t (id int PRIMARY KEY, a text, b int, c text)");
+    r.subscriber.psql(
+        "CREATE TABLE t (c text, extra text DEFAULT 'dflt', b int, id int PRIMARY KEY, a text, added timestamptz DEFAULT now())",
+    );
+    let p = &r.publisher;
+    p.psql("INSERT INTO t SELECT g, 'a' || g, g * 10, 'c' || g FROM generate_series(1, 20) g");
+    p.psql("CREATE PUBLICATION pub FOR TABLE t");
+    r.configure(&["pub"], "", "");
+    let running = r.start();
+    let columns = "id, a, b, c";
+    let same = |what: &str| {
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            let expected = p.table_digest("postgres", "t", columns);
+            let got = r.subscriber.table_digest("postgres", "t", columns);
+            if expected == got {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what}: publisher {expected}, subscriber {got}; log:\n{}",
+                r.wb.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    same("after the copy");
+    p.wait_for_streaming(WAIT);
+    p.psql("INSERT INTO t VALUES (21, 'x', 1, 'y'); UPDATE t SET b = -b WHERE id <= 5; DELETE FROM t WHERE id = 20");
+    same("after changes");
+    // The publisher drops a column; the target keeps it and new rows get its default.
+    p.psql("ALTER TABLE t DROP COLUMN c");
+    p.psql("INSERT INTO t VALUES (22, 'after drop', 2); UPDATE t SET a = 'upd' WHERE id = 1");
+    r.wait_subscriber(
+        "SELECT count(*) FROM t WHERE id = 22 AND c IS NULL AND a = 'after drop'",
+        "1",
+    );
+    r.wait_subscriber("SELECT a || ':' || c FROM t WHERE id = 1", "upd:c1");
+    // Target-only columns got their defaults throughout.
+    assert_eq!(
+        r.subscriber
+            .psql("SELECT count(*) FROM t WHERE extra = 'dflt' AND added IS NOT NULL"),
+        "21"
+    );
+    let status = running.stop(WAIT);
+    assert!(status.success(), "exit {status}; log:\n{}", r.wb.log());
+}
+
+#[test]
+fn a_published_column_missing_on_the_target_stops_the_sink_until_added() {
+    let r = Replication::new("CREATE TABLE t (id int PRIMARY KEY, a text)");
+    let p = &r.publisher;
+    p.psql("CREATE PUBLICATION pub FOR TABLE t");
+    r.configure(&["pub"], "", "");
+    let running = r.start();
+    p.wait_for_streaming(WAIT);
+    p.psql("INSERT INTO t VALUES (1, 'one')");
+    r.wait_equal("t");
+    p.psql("ALTER TABLE t ADD COLUMN score numeric(6,2)");
+    p.psql("INSERT INTO t VALUES (2, 'two', 2.5)");
+    let deadline = std::time::Instant::now() + WAIT;
+    while !r.wb.log().contains("has no column \"score\"") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no error naming the column; log:\n{}",
+            r.wb.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = r.wb.log();
+    assert!(
+        log.contains("target table public.t has no column \"score\" (numeric on the publisher"),
+        "{log}"
+    );
+    assert_eq!(r.subscriber.psql("SELECT count(*) FROM t"), "1");
+    // Adding it on the target lets the retry go through.
+    r.subscriber
+        .psql("ALTER TABLE t ADD COLUMN score numeric(6,2)");
+    r.wait_equal("t");
+    let status = running.stop(WAIT);
+    assert!(status.success(), "exit {status}; log:\n{}", r.wb.log());
+}
+
+#[test]
+fn replica_identities_full_with_duplicates_nothing_no_key_and_index() {
+    let r = Replication::new(
+        "CREATE TABLE full_dup (a int, b text, j json, p point);
+         ALTER TABLE full_dup REPLICA IDENTITY FULL;
+         CREATE TABLE only_inserts (a int, b text);
+         ALTER TABLE only_inserts REPLICA IDENTITY NOTHING;
+         CREATE TABLE by_index (id int NOT NULL, code text NOT NULL, v text);
+         CREATE UNIQUE INDEX by_index_key ON by_index (code, id);
+         ALTER TABLE by_index REPLICA IDENTITY USING INDEX by_index_key",
+    );
+    let p = &r.publisher;
+    let s = &r.subscriber;
+    // A key on the publisher, none on the target.
+    p.psql("CREATE TABLE keyed (id int PRIMARY KEY, v text)");
+    s.psql("CREATE TABLE keyed (id int, v text)");
+    p.psql("INSERT INTO full_dup VALUES (1, 'x', '{\"k\": 1}', '(1,2)'), (1, 'x', '{\"k\": 1}', '(1,2)'), (2, NULL, '[1]', NULL), (3, 'z', NULL, '(0,0)')");
+    p.psql("INSERT INTO by_index SELECT g, 'code' || g, 'v' || g FROM generate_series(1, 10) g");
+    p.psql("INSERT INTO keyed SELECT g, 'v' || g FROM generate_series(1, 10) g");
+    p.psql("CREATE PUBLICATION pub FOR TABLE full_dup, by_index, keyed");
+    p.psql("CREATE PUBLICATION ins FOR TABLE only_inserts WITH (publish = 'insert')");
+    r.configure(&["pub", "ins"], "", "");
+    let running = r.start();
+    r.wait_equal("full_dup");
+    p.wait_for_streaming(WAIT);
+    // One of two equal rows changes, then one of two equal rows goes.
+    p.psql(
+        "UPDATE full_dup SET b = 'y' WHERE ctid = (SELECT ctid FROM full_dup WHERE a = 1 LIMIT 1)",
+    );
+    p.psql("UPDATE full_dup SET b = 'was null' WHERE a = 2");
+    p.psql("INSERT INTO full_dup VALUES (4, 'dup', '{}', '(4,4)'), (4, 'dup', '{}', '(4,4)')");
+    p.psql("DELETE FROM full_dup WHERE ctid = (SELECT ctid FROM full_dup WHERE a = 4 LIMIT 1)");
+    p.psql("DELETE FROM full_dup WHERE a = 3");
+    p.psql("INSERT INTO only_inserts VALUES (1, 'a'), (2, NULL)");
+    p.psql("UPDATE by_index SET v = 'changed' WHERE id <= 3");
+    p.psql("UPDATE by_index SET code = 'recoded' || id WHERE id BETWEEN 4 AND 6");
+    p.psql("DELETE FROM by_index WHERE id = 10");
+    p.psql("UPDATE keyed SET v = 'new' WHERE id <= 5; UPDATE keyed SET id = 100 WHERE id = 9; DELETE FROM keyed WHERE id = 10");
+    for table in ["full_dup", "only_inserts", "by_index", "keyed"] {
+        let columns = if table == "full_dup" {
+            "a, b, j::text, p::text"
+        } else {
+            "*"
+        };
+        let expected = p.table_digest("postgres", table, columns);
+        let got = s.wait_for(
+            &format!(
+                "SELECT count(*) || ':' || coalesce(md5(string_agg(r::text, '|' ORDER BY r::text)), '') FROM (SELECT {columns} FROM {table}) r"
+            ),
+            &expected,
+            WAIT,
+        );
+        assert_eq!(got, expected, "{table}; log:\n{}", r.wb.log());
+    }
+    let status = running.stop(WAIT);
+    assert!(status.success(), "exit {status}; log:\n{}", r.wb.log());
+}
+
+#[test]
+fn changes_to_rows_missing_on_the_target_are_skipped_and_counted() {
+    let r = Replication::new("CREATE TABLE t (id int PRIMARY KEY, v text)");
+    let p = &r.publisher;
+    p.psql("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 10) g");
+    p.psql("CREATE PUBLICATION pub FOR TABLE t");
+    r.configure(&["pub"], "", "");
+    let running = r.start();
+    r.wait_equal("t");
+    p.wait_for_streaming(WAIT);
+    r.subscriber.psql("DELETE FROM t WHERE id IN (3, 4)");
+    p.psql("UPDATE t SET v = 'updated' WHERE id IN (3, 5)");
+    p.psql("DELETE FROM t WHERE id IN (4, 6)");
+    p.psql("INSERT INTO t VALUES (11, 'after')");
+    r.wait_subscriber(
+        "SELECT string_agg(id || '=' || v, ',' ORDER BY id) FROM t",
+        "1=v1,2=v2,5=updated,7=v7,8=v8,9=v9,10=v10,11=after",
+    );
+    let status = running.stop(WAIT);
+    assert!(status.success(), "exit {status}; log:\n{}", r.wb.log());
+    let log = r.wb.log();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("found no row on the target") && l.contains("table=\"public.t\""))
+        .collect();
+    assert!(
+        !warnings.is_empty(),
+        "no warning about missing rows:\n{log}"
+    );
+    // The totals at the stop count each once.
+    assert!(
+        log.contains("update_missing=1") && log.contains("delete_missing=1"),
+        "{log}"
+    );
+}
+
+#[test]
+fn toasted_values_stay_intact_when_other_columns_change() {
+    let r = Replication::new(
+        "CREATE TABLE docs (id int PRIMARY KEY, body text, n int);
+         ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL",
+    );
+    let p = &r.publisher;
+    p.psql("INSERT INTO docs SELECT g, (SELECT string_agg(md5(g::text || i::text), '') FROM generate_series(1, 16000) i), g FROM generate_series(1, 3) g");
+    p.psql("CREATE PUBLICATION pub FOR TABLE docs");
+    r.configure(&["pub"], "", "");
+    let running = r.start();
+    r.wait_equal("docs");
+    p.wait_for_streaming(WAIT);
+    assert_eq!(
+        p.psql("SELECT min(length(body)) FROM docs"),
+        "512000",
+        "500 kB values"
+    );
+    p.psql("INSERT INTO docs VALUES (4, (SELECT string_agg(md5(i::text), '') FROM generate_series(1, 16000) i), 4)");
+    p.psql("UPDATE docs SET n = n + 100");
+    p.psql("UPDATE docs SET n = n + 1, body = body || 'tail' WHERE id = 2");
+    r.wait_equal("docs");
+    let status = running.stop(WAIT);
+    assert!(status.success(), "exit {status}; log:\n{}", r.wb.log());
+}
+
+/// Waits until walbridge's log contains `text`.
+fn wait_for_log(wb: &Deployment, text: &str) -> String {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let log = wb.log();
+        if log.contains(text) {
+            return log;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "walbridge never logged `{text}`; log:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn truncates_one_table_linked_tables_and_restart_identity() {
+    let r = Replication::new(
+        "CREATE TABLE parent (id int PRIMARY KEY, v text);
+         CREATE TABLE child (id int PRIMARY KEY, parent int REFERENCES parent (id));
+         CREATE TABLE solo (id serial PRIMARY KEY, v text);
+         CREATE TABLE kept (id int PRIMARY KEY)",
+    );
+    let (p, s) = (&r.publisher, &r.subscriber);
+    p.psql("INSERT INTO parent SELECT g, 'p' FROM generate_series(1, 5) g; INSERT INTO child SELECT g, g FROM generate_series(1, 5) g");
+    p.psql("INSERT INTO solo (v) SELECT 's' FROM generate_series(1, 5); INSERT INTO kept VALUES (1), (2)");
+    p.psql("CREATE PUBLICATION pub FOR TABLE parent, child, solo, kept");
+    r.configure(&["pub"], "", "");
+    let running = r.start();
+    r.wait_equal("child");
+    r.wait_equal("solo");
+    p.wait_for_streaming(WAIT);
+    // The subscriber's own sequence has moved on; RESTART IDENTITY resets it.
+    s.psql("SELECT setval('solo_id_seq', 42)");
+    p.psql("TRUNCATE solo RESTART IDENTITY");
+    p.psql("INSERT INTO solo (v) VALUES ('after')");
+    r.wait_equal("solo");
+    assert_eq!(
+        s.psql("SELECT last_value || ',' || is_called FROM solo_id_seq"),
+        "1,false"
+    );
+    // Tables linked by a foreign key go together, in one statement.
+    p.psql("TRUNCATE parent, child");
+    p.psql("INSERT INTO parent VALUES (10, 'new'); INSERT INTO child VALUES (10, 10)");
+    r.wait_equal("parent");
+    r.wait_equal("child");
+    r.wait_equal("kept");
+
+    // A target-only table referencing a replicated one: the truncate would
+    // have to cascade outside the set, so the sink stops instead.
+    s.psql("CREATE TABLE local_ref (id int PRIMARY KEY, kept int REFERENCES kept (id))");
+    p.psql("TRUNCATE kept");
+    p.psql("INSERT INTO solo (v) VALUES ('behind the truncate')");
+    let log = wait_for_log(&r.wb, "TRUNCATE of public.kept failed on the target");
+    assert!(
+        log.contains("cannot truncate a table referenced in a foreign key constraint"),
+        "{log}"
+    );
+    assert!(log.contains("walbridge skip --sink replica"), "{log}");
+    assert_eq!(s.psql("SELECT count(*) FROM kept"), "2");
+    assert_eq!(
+        s.psql("SELECT count(*) FROM solo WHERE v = 'behind the truncate'"),
+        "0"
+    );
+    // Skipping the transaction lets what follows through.
+    let out = r.wb.command(&["skip", "--sink", "replica"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    r.wait_subscriber(
+        "SELECT count(*) FROM solo WHERE v = 'behind the truncate'",
+        "1",
+    );
+    assert_eq!(s.psql("SELECT count(*) FROM kept"), "2");
+    let status = running.stop(WAIT);
+    assert!(status.success(), "exit {status}; log:\n{}", r.wb.log());
+}
+
+#[test]
+fn a_duplicate_key_stops_on_the_transaction_until_skipped() {
+    let r = Replication::new("CREATE TABLE t (id int PRIMARY KEY, v text)");
+    let (p, s) = (&r.publisher, &r.subscriber);
+    p.psql("CREATE PUBLICATION pub FOR TABLE t");
+    r.configure(&["pub"], "", "batch_time = \"5s\"");
+    let running = r.start();
+    p.wait_for_streaming(WAIT);
+    s.psql("INSERT INTO t VALUES (100, 'local')");
+    // Several transactions land in one target transaction: the ones
+    // before the conflict must still be applied, none after it.
+    let stopped = running;
+    p.psql("BEGIN; INSERT INTO t VALUES (1, 'before'); COMMIT");
+    p.psql("BEGIN; INSERT INTO t VALUES (2, 'before too'); COMMIT");
+    let xid = p.psql("BEGIN; INSERT INTO t VALUES (3, 'in the conflict'); INSERT INTO t VALUES (100, 'remote'); SELECT txid_current(); COMMIT");
+    p.psql("INSERT INTO t VALUES (4, 'after')");
+    let log = wait_for_log(&r.wb, "conflict on target table public.t");
+    let line = log
+        .lines()
+        .find(|l| l.contains("conflict on target table public.t"))
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        line.contains("duplicate key value violates unique constraint \"t_pkey\""),
+        "{line}"
+    );
+    assert!(line.contains("Key (id)=(100) already exists"), "{line}");
+    assert!(
+        line.contains(&format!(
+            "stopped on transaction {xid} of source `src` (commit LSN "
+        )),
+        "{line}"
+    );
+    r.wait_subscriber(
+        "SELECT string_agg(id::text, ',' ORDER BY id) FROM t",
+        "1,2,100",
+    );
+    // It keeps retrying and stays stopped on it.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        s.psql("SELECT string_agg(id::text, ',' ORDER BY id) FROM t"),
+        "1,2,100"
+    );
+    let commit_lsn = line
+        .split("(commit LSN ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .unwrap_or_default()
+        .to_owned();
+    // A wrong LSN is refused and changes nothing.
+    let out = r.wb.command(&["skip", "--sink", "replica", "--lsn", "0/1"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("is not stopped on a transaction with commit LSN 0/1"),
+        "{stderr}"
+    );
+    let out =
+        r.wb.command(&["skip", "--sink", "replica", "--lsn", &commit_lsn]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("skipped transaction {xid}")));
+    // The whole transaction is skipped (3 as well as 100), and 4 follows.
+    r.wait_subscriber(
+        "SELECT string_agg(id || '=' || v, ',' ORDER BY id) FROM t",
+        "1=before,2=before too,4=after,100=local",
+    );
+    let out = r.wb.command(&["skip", "--sink", "replica"]);
+    assert!(!out.status.success(), "nothing left to skip");
+    let status = stopped.stop(WAIT);
+    assert!(status.success(), "exit {status}; log:\n{}", r.wb.log());
+}
+
+#[test]
+fn on_conflict_skip_and_upsert() {
+    let r = Replication::new("CREATE TABLE t (id int PRIMARY KEY, v text, n int CHECK (n >= 0))");
+    let (p, s) = (&r.publisher, &r.subscriber);
+    p.psql("CREATE PUBLICATION pub FOR TABLE t");
+    // Two sinks into two databases of the subscriber.
+    s.psql("CREATE DATABASE upserts");
+    s.psql_db(
+        "upserts",
+        "CREATE TABLE t (id int PRIMARY KEY, v text, n int CHECK (n >= 0))",
+    );
+    r.wb.configure_sinks(
+        &p.superuser(),
+        &["pub"],
+        "",
+        &format!(
+            "[[sink]]\nname = \"skipping\"\ntype = \"postgres\"\nconnection = \"{}\"\non_conflict = \"skip\"\n\n[[sink]]\nname = \"upserting\"\ntype = \"postgres\"\nconnection = \"{}\"\non_conflict = \"upsert\"\n",
+            s.superuser(),
+            s.connstr("postgres", "upserts")
+        ),
+    );
+    let running = r.start();
+    p.wait_for_streaming(WAIT);
+    s.psql("INSERT INTO t VALUES (1, 'local', 1)");
+    s.psql_db("upserts", "INSERT INTO t VALUES (1, 'local', 1)");
+    // The check constraint differs on the publisher: n = -1 is fine there.
+    p.psql("ALTER TABLE t DROP CONSTRAINT t_n_check");
+    p.psql(
+        "BEGIN; INSERT INTO t VALUES (1, 'remote', 10); INSERT INTO t VALUES (2, 'two', 2); COMMIT",
+    );
+    p.psql("BEGIN; INSERT INTO t VALUES (3, 'negative', -1); INSERT INTO t VALUES (4, 'four', 4); COMMIT");
+    p.psql("INSERT INTO t VALUES (5, 'five', 5)");
+    // skip: the duplicate insert and the check violation are skipped, the rest applied.
+    r.wait_subscriber(
+        "SELECT string_agg(id || '=' || v, ',' ORDER BY id) FROM t",
+        "1=local,2=two,4=four,5=five",
+    );
+    // upsert: the duplicate insert updates the row; the check violation still stops it.
+    let got = s.wait_for_db(
+        "upserts",
+        "SELECT string_agg(id || '=' || v, ',' ORDER BY id) FROM t",
+        "1=remote,2=two",
+        WAIT,
+    );
+    assert_eq!(got, "1=remote,2=two", "log:\n{}", r.wb.log());
+    let log = wait_for_log(
+        &r.wb,
+        "sink `upserting`: conflict on target table public.t: new row for relation \"t\" violates check constraint \"t_n_check\"",
+    );
+    assert!(log.contains("skipped a conflicting change"), "{log}");
+    // Stopping while a sink is stopped on a transaction exits 1 with that cause.
+    let status = running.stop(WAIT);
+    assert_eq!(status.code(), Some(1), "log:\n{}", r.wb.log());
+    let last = r.wb.log().lines().last().unwrap_or_default().to_owned();
+    assert!(
+        last.starts_with("walbridge: sink `upserting`: conflict"),
+        "{last}"
+    );
+}

@@ -45,4 +45,8 @@ pub struct Routed {
     /// initial copy, a message): the position after it, which a cursor may
     /// store.
     pub position: Option<LogPosition>,
+    /// Every unit that ends in the batch: the number of events up to its
+    /// end, and the position after it (the last one is `position`). A sink
+    /// that commits at unit boundaries can commit at any of them.
+    pub boundaries: Vec<(usize, LogPosition)>,
 }

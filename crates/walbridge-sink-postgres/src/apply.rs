@@ -301,21 +301,29 @@ impl Applier {
     }
 
     async fn apply(&mut self, routed: Routed) -> Result<(), SinkError> {
-        for event in routed.events {
+        let mut boundaries = routed.boundaries.into_iter().peekable();
+        for (i, event) in routed.events.into_iter().enumerate() {
             self.event(event).await?;
-        }
-        if let Some(position) = routed.position {
-            self.group.position = Some(position);
-            let limits = &self.config;
-            let full = self.group.changes >= limits.batch_changes
-                || self.group.bytes as u64 >= limits.batch_bytes.0
-                || self
-                    .group
-                    .started
-                    .is_some_and(|t| t.elapsed() >= limits.batch_time.0);
-            if full || self.group.isolated {
-                self.commit().await?;
+            if let Some((_, position)) = boundaries.next_if(|(end, _)| *end == i + 1) {
+                self.unit_end(position).await?;
             }
+        }
+        Ok(())
+    }
+
+    /// A unit of the log (a transaction, the initial copy, a message) is
+    /// complete: the group may end here.
+    async fn unit_end(&mut self, position: LogPosition) -> Result<(), SinkError> {
+        self.group.position = Some(position);
+        let limits = &self.config;
+        let full = self.group.changes >= limits.batch_changes
+            || self.group.bytes as u64 >= limits.batch_bytes.0
+            || self
+                .group
+                .started
+                .is_some_and(|t| t.elapsed() >= limits.batch_time.0);
+        if full || self.group.isolated {
+            self.commit().await?;
         }
         Ok(())
     }
@@ -543,6 +551,10 @@ impl Applier {
                 savepoint("ROLLBACK TO SAVEPOINT walbridge_change").await?;
                 if let Purpose::Change { map, .. } = &purpose {
                     tracing::warn!(sink = %self.sink, source = %self.source.name, table = %map.target.display(), "skipped a conflicting change (on_conflict = \"skip\"): {}", describe_pg_error(&f.error));
+                    self.group
+                        .misses
+                        .example
+                        .get_or_insert_with(|| map.target.display());
                 }
                 self.group.misses.skipped_conflicts += 1;
                 Ok(())

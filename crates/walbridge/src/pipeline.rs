@@ -514,16 +514,20 @@ impl Feeder {
                     let mut routed = Routed {
                         source: self.context.clone(),
                         position: None,
+                        boundaries: Vec::new(),
                         events: Vec::new(),
                     };
                     let mut next = Some(record);
                     // Small records travel together: one hand-over per batch, not per transaction.
                     while let Some(record) = next.take() {
+                        routed.events.extend(record.entry.into_events());
                         routed.position = record.unit_end.then_some(LogPosition {
                             next: record.seq + 1,
                             lsn: record.lsn,
                         });
-                        routed.events.extend(record.entry.into_events());
+                        if let Some(position) = routed.position {
+                            routed.boundaries.push((routed.events.len(), position));
+                        }
                         if routed.events.len() < FEED_BATCH {
                             next = self.reader.try_next().with_context(context)?;
                         }
