@@ -543,3 +543,233 @@ fn on_conflict_skip_and_upsert() {
         "{last}"
     );
 }
+
+#[test]
+fn replica_triggers_fire_and_ordinary_ones_do_not() {
+    let r = Replication::new("CREATE TABLE t (id int PRIMARY KEY, parent int, v text)");
+    let (p, s) = (&r.publisher, &r.subscriber);
+    s.psql(
+        "CREATE TABLE parents (id int PRIMARY KEY);
+         ALTER TABLE t ADD FOREIGN KEY (parent) REFERENCES parents (id);
+         CREATE TABLE fired (kind text, op text, level text, id int);
+         CREATE FUNCTION note() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           INSERT INTO fired VALUES (TG_ARGV[0], TG_OP, TG_LEVEL, CASE WHEN TG_LEVEL = 'ROW' THEN COALESCE(NEW.id, OLD.id) END);
+           RETURN NULL;
+         END $$;
+         CREATE TRIGGER ordinary_row AFTER INSERT OR UPDATE OR DELETE ON t FOR EACH ROW EXECUTE FUNCTION note('ordinary');
+         CREATE TRIGGER replica_row AFTER INSERT OR UPDATE OR DELETE ON t FOR EACH ROW EXECUTE FUNCTION note('replica');
+         CREATE TRIGGER always_row AFTER INSERT OR UPDATE OR DELETE ON t FOR EACH ROW EXECUTE FUNCTION note('always');
+         CREATE TRIGGER replica_statement AFTER INSERT ON t FOR EACH STATEMENT EXECUTE FUNCTION note('replica');
+         ALTER TABLE t ENABLE REPLICA TRIGGER replica_row;
+         ALTER TABLE t ENABLE REPLICA TRIGGER replica_statement;
+         ALTER TABLE t ENABLE ALWAYS TRIGGER always_row",
+    );
+    p.psql("INSERT INTO t SELECT g, g, 'v' FROM generate_series(1, 3) g");
+    p.psql("CREATE PUBLICATION pub FOR TABLE t");
+    r.configure(&["pub"], "", "");
+    let running = r.start();
+    // The foreign key to a table that is empty on the subscriber is not
+    // checked while applying (session_replication_role = replica).
+    r.wait_equal("t");
+    p.wait_for_streaming(WAIT);
+    // The copy fired row triggers and one statement trigger, like COPY.
+    assert_eq!(
+        s.psql("SELECT string_agg(kind || ' ' || op || ' ' || level || coalesce(' ' || id, ''), ',' ORDER BY kind, level, id) FROM fired"),
+        "always INSERT ROW 1,always INSERT ROW 2,always INSERT ROW 3,replica INSERT ROW 1,replica INSERT ROW 2,replica INSERT ROW 3,replica INSERT STATEMENT"
+    );
+    s.psql("TRUNCATE fired");
+    p.psql("INSERT INTO t VALUES (4, 4, 'new'); UPDATE t SET v = 'upd' WHERE id = 1; DELETE FROM t WHERE id = 2");
+    r.wait_equal("t");
+    r.wait_subscriber(
+        "SELECT string_agg(kind || ' ' || op || ' ' || id, ',' ORDER BY kind, id) FROM fired WHERE level = 'ROW'",
+        "always UPDATE 1,always DELETE 2,always INSERT 4,replica UPDATE 1,replica DELETE 2,replica INSERT 4",
+    );
+    assert_eq!(
+        s.psql("SELECT count(*) FROM fired WHERE kind = 'ordinary'"),
+        "0"
+    );
+    let status = running.stop(WAIT);
+    assert!(status.success(), "exit {status}; log:\n{}", r.wb.log());
+}
+
+#[test]
+fn row_filters_and_column_lists_are_honoured() {
+    let r = Replication::new("SELECT 1");
+    let (p, s) = (&r.publisher, &r.subscriber);
+    // The filter's column must be part of the replica identity.
+    p.psql("CREATE TABLE t (id int, region text, v text, secret text, PRIMARY KEY (id, region))");
+    s.psql("CREATE TABLE t (id int, region text, v text, secret text DEFAULT 'not published', PRIMARY KEY (id, region))");
+    p.psql("INSERT INTO t SELECT g, CASE WHEN g % 2 = 0 THEN 'eu' ELSE 'us' END, 'v' || g, 's' || g FROM generate_series(1, 20) g");
+    p.psql("CREATE PUBLICATION pub FOR TABLE t (id, region, v) WHERE (region = 'eu')");
+    r.configure(&["pub"], "", "");
+    let running = r.start();
+    let expected = "SELECT string_agg(id || ':' || v, ',' ORDER BY id) FROM t WHERE region = 'eu'";
+    let published = || p.psql(expected);
+    r.wait_subscriber(
+        "SELECT string_agg(id || ':' || v, ',' ORDER BY id) FROM t",
+        &published(),
+    );
+    p.wait_for_streaming(WAIT);
+    p.psql("INSERT INTO t VALUES (21, 'us', 'x', 's'), (22, 'eu', 'y', 's')");
+    // Rows leaving the filter are deleted, rows entering it inserted.
+    p.psql("UPDATE t SET region = 'us' WHERE id IN (2, 4)");
+    p.psql("UPDATE t SET region = 'eu' WHERE id IN (1, 3)");
+    p.psql("UPDATE t SET v = 'changed', secret = 'changed' WHERE id IN (6, 7)");
+    r.wait_subscriber(
+        "SELECT string_agg(id || ':' || v, ',' ORDER BY id) FROM t",
+        &published(),
+    );
+    assert_eq!(
+        s.psql("SELECT count(*) FROM t WHERE secret <> 'not published' OR region <> 'eu'"),
+        "0"
+    );
+    let status = running.stop(WAIT);
+    assert!(status.success(), "exit {status}; log:\n{}", r.wb.log());
+}
+
+#[test]
+fn fan_in_of_two_databases_with_renaming_and_a_source_column() {
+    let publisher = Cluster::start();
+    let subscriber = Cluster::start();
+    let ddl = "CREATE TABLE orders (id int PRIMARY KEY, item text)";
+    for db in ["shop_a", "shop_b"] {
+        publisher.psql(&format!("CREATE DATABASE {db}"));
+        publisher.psql_db(db, ddl);
+        publisher.psql_db(
+            db,
+            &format!("INSERT INTO orders SELECT g, '{db} ' || g FROM generate_series(1, 5) g"),
+        );
+        publisher.psql_db(db, "CREATE PUBLICATION pub FOR TABLE orders");
+        subscriber.psql(&format!(
+            "CREATE SCHEMA {db}; CREATE TABLE {db}.orders (id int PRIMARY KEY, item text)"
+        ));
+    }
+    // One table for both, told apart by a source column that is part of the key.
+    subscriber
+        .psql("CREATE TABLE all_orders (origin text, id int, item text, PRIMARY KEY (origin, id))");
+    let wb = Deployment::new();
+    let source = |name: &str| {
+        format!(
+            "[[source]]\nname = \"{name}\"\nconnection = \"{}\"\npublications = [\"pub\"]\n",
+            publisher.connstr("postgres", name)
+        )
+    };
+    wb.write_config(&format!(
+        "data_dir = \"{}\"\n\n{}\n{}\n[[sink]]\nname = \"per_source\"\ntype = \"postgres\"\nconnection = \"{}\"\ntable = \"{{source}}.{{table}}\"\n\n[[sink]]\nname = \"combined\"\ntype = \"postgres\"\nconnection = \"{}\"\ntable = \"public.all_{{table}}\"\nsource_column = \"origin\"\n",
+        wb.path().join("data").display(),
+        source("shop_a"),
+        source("shop_b"),
+        subscriber.superuser(),
+        subscriber.superuser()
+    ));
+    let running = wb.start();
+    let wait = |sql: &str, expected: &str| {
+        let got = subscriber.wait_for(sql, expected, WAIT);
+        assert_eq!(got, expected, "`{sql}`; log:\n{}", wb.log());
+    };
+    wait("SELECT count(*) FROM all_orders", "10");
+    for db in ["shop_a", "shop_b"] {
+        let deadline = std::time::Instant::now() + WAIT;
+        while publisher.psql("SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")
+            != "2"
+        {
+            assert!(std::time::Instant::now() < deadline, "not streaming");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        publisher.psql_db(db, "INSERT INTO orders VALUES (6, 'six'); UPDATE orders SET item = 'upd' WHERE id = 1; DELETE FROM orders WHERE id = 2");
+    }
+    // Each source only ever touches its own rows.
+    publisher.psql_db("shop_b", "TRUNCATE orders");
+    publisher.psql_db(
+        "shop_b",
+        "INSERT INTO orders VALUES (100, 'after truncate')",
+    );
+    wait(
+        "SELECT string_agg(origin || '/' || id || '=' || item, ',' ORDER BY origin, id) FROM all_orders",
+        "shop_a/1=upd,shop_a/3=shop_a 3,shop_a/4=shop_a 4,shop_a/5=shop_a 5,shop_a/6=six,shop_b/100=after truncate",
+    );
+    for db in ["shop_a", "shop_b"] {
+        assert_eq!(
+            subscriber.table_digest("postgres", &format!("{db}.orders"), "*"),
+            publisher.table_digest(db, "orders", "*"),
+            "{db}; log:\n{}",
+            wb.log()
+        );
+    }
+    // Each source's progress is its own.
+    assert_eq!(
+        subscriber
+            .psql("SELECT string_agg(roname, ',' ORDER BY roname) FROM pg_replication_origin"),
+        "walbridge_combined_shop_a,walbridge_combined_shop_b,walbridge_per_source_shop_a,walbridge_per_source_shop_b"
+    );
+    let status = running.stop(WAIT);
+    assert!(status.success(), "exit {status}; log:\n{}", wb.log());
+}
+
+#[test]
+fn a_role_without_origins_uses_the_progress_table_and_check_reports_privileges() {
+    let r = Replication::new("CREATE TABLE t (id int PRIMARY KEY, v text)");
+    let (p, s) = (&r.publisher, &r.subscriber);
+    if s.major() < 15 {
+        return; // GRANT SET ON PARAMETER is PostgreSQL 15+
+    }
+    s.psql(
+        "CREATE ROLE applier LOGIN;
+         CREATE SCHEMA bookkeeping AUTHORIZATION applier;
+         GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON t TO applier",
+    );
+    p.psql("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 10) g");
+    p.psql("CREATE PUBLICATION pub FOR TABLE t");
+    let configure = || {
+        r.wb.configure_sinks(
+            &p.superuser(),
+            &["pub"],
+            "",
+            &format!(
+                "[[sink]]\nname = \"replica\"\ntype = \"postgres\"\nconnection = \"{}\"\nprogress_table = \"bookkeeping.progress\"\n",
+                s.connstr("applier", "postgres")
+            ),
+        )
+    };
+    configure();
+    // Without the right to set session_replication_role, check says how to grant it.
+    let out = r.wb.command(&["check"]);
+    assert_eq!(out.status.code(), Some(3));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("may not set session_replication_role")
+            && stderr.contains("GRANT SET ON PARAMETER session_replication_role TO \"applier\""),
+        "{stderr}"
+    );
+    s.psql("GRANT SET ON PARAMETER session_replication_role TO applier");
+    let out = r.wb.command(&["check"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("ok: sink `replica`: target 127.0.0.1:"),
+        "{stdout}"
+    );
+
+    let running = r.start();
+    r.wait_equal("t");
+    p.wait_for_streaming(WAIT);
+    p.psql("INSERT INTO t VALUES (11, 'eleven'); UPDATE t SET v = 'upd' WHERE id = 1");
+    r.wait_equal("t");
+    assert!(running.stop(WAIT).success(), "log:\n{}", r.wb.log());
+    // The position is in the table, no origin was made, and a restart resumes after it.
+    assert_eq!(s.psql("SELECT count(*) FROM pg_replication_origin"), "0");
+    assert_eq!(
+        s.psql("SELECT sink || '/' || source || ' ' || (lsn > '0/0') FROM bookkeeping.progress"),
+        "replica/src true"
+    );
+    let running = r.start();
+    p.psql("INSERT INTO t VALUES (12, 'twelve')");
+    r.wait_equal("t");
+    assert!(running.stop(WAIT).success(), "log:\n{}", r.wb.log());
+    assert!(r.wb.log().contains("progress=Table"), "{}", r.wb.log());
+}
