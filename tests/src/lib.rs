@@ -13,6 +13,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+pub mod fixtures;
 pub mod walbridge;
 
 /// The OS user that runs servers when the tests run as root.

@@ -48,7 +48,7 @@ use crate::config::{OnConflict, PostgresSinkConfig};
 use crate::copy::encode_row;
 use crate::error::{SinkError, StoppedOn};
 use crate::inflight::{Failed, InFlight, Outcome};
-use crate::mapping::{Mapper, TableMap};
+use crate::mapping::{BinaryForm, Mapper, TableMap};
 use crate::progress::ProgressStore;
 use crate::state::SinkState;
 use crate::statement::{ColumnSet, Find, Param, Shape, bind_order, sql};
@@ -193,6 +193,17 @@ fn null_columns(row: &Row) -> ColumnSet {
             .map(|(i, _)| i as u16)
             .collect()
     })
+}
+
+/// An array's binary form with its element type OID (bytes 8..12 of the
+/// header: dimensions, flags, element type) replaced.
+fn with_element_type(array: &Bytes, element: Oid) -> Bytes {
+    if array.len() < 12 {
+        return array.clone();
+    }
+    let mut patched = BytesMut::from(&array[..]);
+    patched[8..12].copy_from_slice(&element.to_be_bytes());
+    patched.freeze()
 }
 
 fn row_bytes(row: &Row) -> usize {
@@ -495,15 +506,23 @@ impl Applier {
         let mut params = Vec::with_capacity(prepared.binds.len());
         for &(from_old, i) in prepared.binds.iter() {
             let row = if from_old { old.unwrap_or(new) } else { new };
-            let datum = row.get(i).cloned().unwrap_or(Datum::Null);
-            if matches!(datum, Datum::Binary(_)) && !map.columns[i].binary_ok {
+            let mut datum = row.get(i).cloned().unwrap_or(Datum::Null);
+            if let Datum::Binary(bytes) = &datum {
                 let column = &map.columns[i];
-                return Err(SinkError::BinaryMismatch {
-                    table: map.target.display(),
-                    column: column.quoted.trim_matches('"').to_owned(),
-                    source_type: column.source_type.clone(),
-                    target_type: column.target_type.clone(),
-                });
+                match column.binary {
+                    BinaryForm::AsIs => {}
+                    BinaryForm::ArrayOf(element) => {
+                        datum = Datum::Binary(with_element_type(bytes, element));
+                    }
+                    BinaryForm::Refused => {
+                        return Err(SinkError::BinaryMismatch {
+                            table: map.target.display(),
+                            column: column.quoted.trim_matches('"').to_owned(),
+                            source_type: column.source_type.clone(),
+                            target_type: column.target_type.clone(),
+                        });
+                    }
+                }
             }
             params.push(Param(datum));
         }

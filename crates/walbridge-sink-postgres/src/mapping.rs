@@ -121,8 +121,54 @@ pub struct MappedColumn {
     pub source_type: String,
     /// Rows can be found by `=` on this column (else by its text form).
     pub comparable: bool,
-    /// Binary values can be passed as they are.
-    pub binary_ok: bool,
+    /// What binary values (`binary = true` on the source) need.
+    pub binary: BinaryForm,
+}
+
+/// Whether a column's binary (`typsend`) values from the publisher can be
+/// given to the target column's `typreceive`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinaryForm {
+    /// As they are: the same built-in type (or a domain over it), or an
+    /// enum (whose binary form is its label).
+    AsIs,
+    /// An array of such elements: the element type OID in the array header
+    /// is the publisher's and is replaced by the target's.
+    ArrayOf(Oid),
+    /// Not at all (composites and other user-defined types embed the
+    /// publisher's type OIDs or formats).
+    Refused,
+}
+
+/// How the binary form of a source column of `kind` (type `source_oid`)
+/// reaches `target`.
+fn binary_form(
+    source_oid: Oid,
+    kind: &ValueKind,
+    target: &crate::target::TargetColumn,
+) -> BinaryForm {
+    let scalar_matches = |kind: &ValueKind, oid: Oid, is_enum: bool| match kind {
+        ValueKind::Enum => is_enum,
+        ValueKind::Array { .. } | ValueKind::Composite | ValueKind::Range | ValueKind::Other => {
+            false
+        }
+        // Text-like types share one binary form (the bytes), so any of them will do.
+        ValueKind::Text => ValueKind::builtin(oid) == Some(ValueKind::Text),
+        scalar => ValueKind::builtin(oid).as_ref() == Some(scalar),
+    };
+    if source_oid == target.type_oid && source_oid < FIRST_NORMAL_OBJECT_ID {
+        return BinaryForm::AsIs;
+    }
+    match (kind, target.element) {
+        (ValueKind::Array { element, .. }, Some((target_element, element_is_enum)))
+            if scalar_matches(element, target_element, element_is_enum) =>
+        {
+            BinaryForm::ArrayOf(target_element)
+        }
+        (ValueKind::Array { .. }, _) => BinaryForm::Refused,
+        (kind, _) if scalar_matches(kind, target.base_oid, target.is_enum) => BinaryForm::AsIs,
+        _ => BinaryForm::Refused,
+    }
 }
 
 /// How one source table is applied into one target table.
@@ -259,15 +305,12 @@ impl Mapper {
                     source_table,
                 });
             }
-            let same_builtin = column.type_oid == target_column.type_oid
-                && column.type_oid < FIRST_NORMAL_OBJECT_ID;
             columns.push(MappedColumn {
                 quoted: quote_ident(&column.name),
                 target_type: target_column.type_sql.clone(),
                 source_type: column.type_name.clone(),
                 comparable: target_column.comparable,
-                // An enum's binary form is its label, which any enum with that label accepts.
-                binary_ok: same_builtin || column.kind == ValueKind::Enum,
+                binary: binary_form(column.type_oid, &column.kind, target_column),
             });
         }
         let source_tag = match &self.source_column {

@@ -266,7 +266,7 @@ mod tests {
             target_type: "integer".into(),
             source_type: "int4".into(),
             comparable,
-            binary_ok: true,
+            binary: crate::mapping::BinaryForm::AsIs,
         };
         TableMap {
             id: 1,

@@ -20,6 +20,12 @@ pub struct TargetColumn {
     pub type_oid: Oid,
     /// The type as SQL writes it, with its modifier (`character varying(5)`).
     pub type_sql: String,
+    /// The domain's base type for a domain, else the type itself.
+    pub base_oid: Oid,
+    /// The type is an enum.
+    pub is_enum: bool,
+    /// For an array: its element type, and whether that is an enum.
+    pub element: Option<(Oid, bool)>,
     /// `attgenerated` is set: the column cannot be written.
     pub generated: bool,
     /// Values can be compared with `IS NOT DISTINCT FROM` (the type, or
@@ -164,8 +170,13 @@ impl TargetCatalog {
             .query(
                 "SELECT a.attname::text, a.atttypid, format_type(a.atttypid, a.atttypmod), \
                         a.attgenerated <> '', \
-                        CASE WHEN t.typcategory = 'A' THEN t.typelem ELSE a.atttypid END \
+                        CASE WHEN t.typcategory = 'A' THEN t.typelem ELSE a.atttypid END, \
+                        CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END, \
+                        t.typtype = 'e', \
+                        CASE WHEN t.typcategory = 'A' THEN t.typelem END, \
+                        coalesce(e.typtype = 'e', false) \
                  FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+                 LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A' \
                  WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped \
                  ORDER BY a.attnum",
                 &[&oid],
@@ -176,10 +187,14 @@ impl TargetCatalog {
         for row in rows {
             let compared_type: Oid = row.get(4);
             let comparable = self.has_equality(compared_type).await?;
+            let element: Option<Oid> = row.get(7);
             columns.push(TargetColumn {
                 name: row.get(0),
                 type_oid: row.get(1),
                 type_sql: row.get(2),
+                base_oid: row.get(5),
+                is_enum: row.get(6),
+                element: element.map(|e| (e, row.get(8))),
                 generated: row.get(3),
                 comparable,
             });
