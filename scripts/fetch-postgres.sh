@@ -14,6 +14,7 @@ root="${WALBRIDGE_PG_ROOT:-$default_root}"
 
 declare -A packages=(
   [14]=14.23.0-beta.17
+  [15]=15.18.0-beta.17
   [16]=16.14.0-beta.17
   [17]=17.10.0-beta.17
   [18]=18.4.0-beta.17

@@ -26,8 +26,11 @@ if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
 fi
 
 versions="${PG_VERSIONS:-17}"
+# Cross-version tests replicate from 14 and into 15 besides the suite's versions.
+extra=(14)
+[ "$(postgres --version | awk '{print $3}' | cut -d. -f1)" = 15 ] || extra+=(15)
 # shellcheck disable=SC2086
-scripts/fetch-postgres.sh $versions
+scripts/fetch-postgres.sh "${extra[@]}" $versions
 
 cargo build --workspace --all-targets --locked
 echo "== tests on PostgreSQL $(postgres --version | awk '{print $3}') (system)"

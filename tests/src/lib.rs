@@ -24,13 +24,9 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// The directory holding `initdb`, `pg_ctl` and `postgres`, or `None` to use `PATH`.
-pub fn server_bin_dir() -> Option<PathBuf> {
-    if let Ok(dir) = std::env::var("WALBRIDGE_PG_BIN") {
-        return Some(PathBuf::from(dir));
-    }
-    let version = std::env::var("WALBRIDGE_PG_VERSION").ok()?;
-    let root = std::env::var("WALBRIDGE_PG_ROOT")
+/// Where `scripts/fetch-postgres.sh` unpacks other major versions.
+fn fetched_root() -> PathBuf {
+    std::env::var("WALBRIDGE_PG_ROOT")
         .map(PathBuf::from)
         .unwrap_or_else(|_| {
             if is_root() {
@@ -39,18 +35,58 @@ pub fn server_bin_dir() -> Option<PathBuf> {
                 let home = std::env::var("HOME").unwrap_or_default();
                 PathBuf::from(home).join(".cache/walbridge/pg")
             }
-        });
-    let dir = root.join(&version).join("bin");
+        })
+}
+
+/// The binaries of fetched major `version`; panics with the fix when missing.
+fn fetched_bin_dir(version: &str) -> PathBuf {
+    let dir = fetched_root().join(version).join("bin");
     assert!(
         dir.join("postgres").exists(),
         "PostgreSQL {version} is not installed in {}: run scripts/fetch-postgres.sh {version}",
         dir.display()
     );
-    Some(dir)
+    dir
 }
 
-fn server_command(program: &str) -> Command {
-    let program = match server_bin_dir() {
+/// The directory holding `initdb`, `pg_ctl` and `postgres`, or `None` to use `PATH`.
+pub fn server_bin_dir() -> Option<PathBuf> {
+    if let Ok(dir) = std::env::var("WALBRIDGE_PG_BIN") {
+        return Some(PathBuf::from(dir));
+    }
+    let version = std::env::var("WALBRIDGE_PG_VERSION").ok()?;
+    Some(fetched_bin_dir(&version))
+}
+
+/// The major version of the servers on `PATH`.
+fn path_major() -> u32 {
+    static MAJOR: OnceLock<u32> = OnceLock::new();
+    *MAJOR.get_or_init(|| {
+        Command::new("postgres")
+            .arg("--version")
+            .output()
+            .ok()
+            .and_then(|o| {
+                let text = String::from_utf8_lossy(&o.stdout).into_owned();
+                text.split_whitespace()
+                    .find_map(|w| w.split('.').next()?.parse().ok())
+            })
+            .unwrap_or(0)
+    })
+}
+
+/// The binaries of major `version`: those on `PATH` when they are that
+/// version, else the ones `scripts/fetch-postgres.sh` installed.
+pub fn bin_dir_for(version: u32) -> Option<PathBuf> {
+    if path_major() == version {
+        None
+    } else {
+        Some(fetched_bin_dir(&version.to_string()))
+    }
+}
+
+fn server_command(bin_dir: Option<&Path>, program: &str) -> Command {
+    let program = match bin_dir {
         Some(dir) => dir.join(program).to_string_lossy().into_owned(),
         None => program.to_owned(),
     };
@@ -93,6 +129,7 @@ pub struct ClusterBuilder {
     settings: Vec<(String, String)>,
     hba: Vec<String>,
     ssl: bool,
+    bin_dir: Option<PathBuf>,
 }
 
 impl Default for ClusterBuilder {
@@ -116,6 +153,7 @@ impl Default for ClusterBuilder {
                 "host replication all 127.0.0.1/32 trust".into(),
             ],
             ssl: false,
+            bin_dir: server_bin_dir(),
         }
     }
 }
@@ -141,6 +179,31 @@ impl ClusterBuilder {
         self
     }
 
+    /// Runs PostgreSQL major `version` instead of the default (see [`bin_dir_for`]).
+    pub fn version(mut self, version: u32) -> Self {
+        self.bin_dir = bin_dir_for(version);
+        self
+    }
+
+    /// Runs at least PostgreSQL `version`: the default server when it is
+    /// recent enough, else PostgreSQL 17 (which the test script fetches).
+    pub fn at_least(self, version: u32) -> Self {
+        let default_major = match &self.bin_dir {
+            None => path_major(),
+            Some(dir) => dir
+                .parent()
+                .and_then(|d| d.file_name())
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0),
+        };
+        if default_major >= version {
+            self
+        } else {
+            self.version(17)
+        }
+    }
+
     /// Initializes and starts the cluster.
     pub fn start(self) -> Cluster {
         Cluster::create(self)
@@ -152,6 +215,7 @@ pub struct Cluster {
     dir: tempfile::TempDir,
     port: u16,
     version_num: u32,
+    bin_dir: Option<PathBuf>,
 }
 
 impl Cluster {
@@ -188,7 +252,8 @@ impl Cluster {
             )
             .unwrap_or_else(|e| panic!("chmod: {e}"));
         }
-        let mut initdb = server_command("initdb");
+        let bin_dir = builder.bin_dir.clone();
+        let mut initdb = server_command(bin_dir.as_deref(), "initdb");
         initdb.args(["-D"]).arg(&data).args([
             "-U",
             "postgres",
@@ -220,12 +285,13 @@ impl Cluster {
         let mut last_error = String::new();
         for _ in 0..5 {
             let port = free_port();
-            match pg_ctl_start(dir.path(), port) {
+            match pg_ctl_start(bin_dir.as_deref(), dir.path(), port) {
                 Ok(()) => {
                     let mut cluster = Cluster {
                         dir,
                         port,
                         version_num: major * 10_000,
+                        bin_dir: bin_dir.clone(),
                     };
                     cluster.version_num = cluster
                         .query_scalar("SHOW server_version_num")
@@ -409,7 +475,7 @@ impl Cluster {
 
     /// Restarts the server (fast shutdown: connections are terminated).
     pub fn restart(&self) {
-        let mut c = server_command("pg_ctl");
+        let mut c = server_command(self.bin_dir.as_deref(), "pg_ctl");
         c.args(["-D"])
             .arg(self.data_dir())
             .args(["-l"])
@@ -422,7 +488,7 @@ impl Cluster {
 
     /// Stops the server immediately.
     pub fn stop(&self) {
-        let mut c = server_command("pg_ctl");
+        let mut c = server_command(self.bin_dir.as_deref(), "pg_ctl");
         c.args(["-D"])
             .arg(self.data_dir())
             .args(["-m", "immediate", "-w", "stop"]);
@@ -440,9 +506,9 @@ impl Drop for Cluster {
     }
 }
 
-fn pg_ctl_start(dir: &Path, port: u16) -> Result<(), String> {
+fn pg_ctl_start(bin_dir: Option<&Path>, dir: &Path, port: u16) -> Result<(), String> {
     let log = dir.join("server.log");
-    let mut c = server_command("pg_ctl");
+    let mut c = server_command(bin_dir, "pg_ctl");
     c.args(["-D"])
         .arg(dir.join("data"))
         .args(["-l"])

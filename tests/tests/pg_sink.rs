@@ -845,3 +845,204 @@ fn every_type_but_composites_round_trips_exactly_in_binary_mode() {
     assert!(log.contains("set `binary = false` on the source"), "{log}");
     drop(running);
 }
+
+#[test]
+fn partitioned_publisher_into_plain_tables_and_the_reverse() {
+    let r = Replication::new("SELECT 1");
+    let (p, s) = (&r.publisher, &r.subscriber);
+    p.psql(
+        "CREATE TABLE measurements (id int, region text, v int, PRIMARY KEY (id, region)) PARTITION BY LIST (region);
+         CREATE TABLE measurements_eu PARTITION OF measurements FOR VALUES IN ('eu');
+         CREATE TABLE measurements_us PARTITION OF measurements FOR VALUES IN ('us');
+         CREATE TABLE events (id int, year int, what text, PRIMARY KEY (id, year)) PARTITION BY RANGE (year);
+         CREATE TABLE events_2024 PARTITION OF events FOR VALUES FROM (2024) TO (2025);
+         CREATE TABLE events_2025 PARTITION OF events FOR VALUES FROM (2025) TO (2026);
+         CREATE TABLE readings (id int PRIMARY KEY, region text, v int)",
+    );
+    s.psql(
+        "CREATE TABLE measurements (id int, region text, v int, PRIMARY KEY (id, region));
+         CREATE TABLE events (id int, year int, what text, PRIMARY KEY (id, year));
+         CREATE TABLE readings (id int, region text, v int, PRIMARY KEY (id, region)) PARTITION BY LIST (region);
+         CREATE TABLE readings_eu PARTITION OF readings FOR VALUES IN ('eu');
+         CREATE TABLE readings_other PARTITION OF readings DEFAULT",
+    );
+    p.psql("INSERT INTO measurements SELECT g, CASE WHEN g % 2 = 0 THEN 'eu' ELSE 'us' END, g FROM generate_series(1, 10) g");
+    p.psql("INSERT INTO events SELECT g, 2024 + g % 2, 'e' || g FROM generate_series(1, 10) g");
+    p.psql("INSERT INTO readings SELECT g, CASE WHEN g % 2 = 0 THEN 'eu' ELSE 'us' END, g FROM generate_series(1, 10) g");
+    // measurements through its root; events as its partitions, routed by walbridge into the one target table.
+    p.psql("CREATE PUBLICATION via_root FOR TABLE measurements WITH (publish_via_partition_root = true)");
+    p.psql("CREATE PUBLICATION leaves FOR TABLE events, readings");
+    r.configure(&["via_root", "leaves"], "", "");
+    let running = r.start();
+    for table in ["measurements", "events", "readings"] {
+        r.wait_equal(table);
+    }
+    p.wait_for_streaming(WAIT);
+    p.psql("INSERT INTO measurements VALUES (11, 'eu', 11); UPDATE measurements SET region = 'eu' WHERE id = 1; UPDATE measurements SET v = -v WHERE id = 2; DELETE FROM measurements WHERE id = 3");
+    p.psql("INSERT INTO events VALUES (11, 2025, 'new'); UPDATE events SET year = 2024 WHERE id = 1; UPDATE events SET what = 'upd' WHERE id = 2; DELETE FROM events WHERE id = 3");
+    p.psql("INSERT INTO readings VALUES (11, 'eu', 11); UPDATE readings SET region = 'eu' WHERE id = 1; UPDATE readings SET region = 'asia' WHERE id = 2; DELETE FROM readings WHERE id = 4");
+    for table in ["measurements", "events", "readings"] {
+        r.wait_equal(table);
+    }
+    // Rows moved between the subscriber's own partitions.
+    assert_eq!(
+        s.psql("SELECT count(*) FROM readings_eu"),
+        p.psql("SELECT count(*) FROM readings WHERE region = 'eu'")
+    );
+    // A TRUNCATE of one routed partition would empty the others' rows too: the sink stops.
+    p.psql("TRUNCATE events_2024");
+    p.psql("INSERT INTO events VALUES (12, 2025, 'after')");
+    let log = wait_for_log(
+        &r.wb,
+        "TRUNCATE of partition public.events_2024 cannot be applied",
+    );
+    assert!(log.contains("publish_via_partition_root = true"), "{log}");
+    let out = r.wb.command(&["skip", "--sink", "replica"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    r.wait_subscriber("SELECT count(*) FROM events WHERE id = 12", "1");
+    let status = running.stop(WAIT);
+    assert!(status.success(), "exit {status}; log:\n{}", r.wb.log());
+}
+
+/// A walbridge from `from` (publication `pub`, extra source keys) into
+/// `into` with a postgres sink named `sink`.
+fn bridge(from: &Cluster, into: &Cluster, sink: &str, source_extra: &str) -> Deployment {
+    let wb = Deployment::new();
+    wb.configure_sinks(
+        &from.superuser(),
+        &["pub"],
+        source_extra,
+        &format!(
+            "[[sink]]\nname = \"{sink}\"\ntype = \"postgres\"\nconnection = \"{}\"\n",
+            into.superuser()
+        ),
+    );
+    wb
+}
+
+fn wait_same(a: &Cluster, b: &Cluster, table: &str, logs: &[&Deployment]) {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let (x, y) = (
+            a.table_digest("postgres", table, "*"),
+            b.table_digest("postgres", table, "*"),
+        );
+        if x == y {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{table} differs: {x} vs {y}; logs:\n{}",
+            logs.iter()
+                .map(|d| d.log())
+                .collect::<Vec<_>>()
+                .join("\n----\n")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn cascade_a_to_b_to_c() {
+    let ddl = "CREATE TABLE t (id int PRIMARY KEY, v text)";
+    let [a, b, c] = [Cluster::start(), Cluster::start(), Cluster::start()];
+    for cluster in [&a, &b, &c] {
+        cluster.psql(ddl);
+    }
+    a.psql("INSERT INTO t SELECT g, 'a' || g FROM generate_series(1, 10) g");
+    a.psql("CREATE PUBLICATION pub FOR TABLE t");
+    b.psql("CREATE PUBLICATION pub FOR TABLE t");
+    let ab = bridge(&a, &b, "from_a", "");
+    let bc = bridge(&b, &c, "from_b", "");
+    let running_ab = ab.start();
+    let running_bc = bc.start();
+    wait_same(&a, &c, "t", &[&ab, &bc]);
+    a.wait_for_streaming(WAIT);
+    b.wait_for_streaming(WAIT);
+    a.psql("INSERT INTO t VALUES (11, 'new'); UPDATE t SET v = 'upd' WHERE id <= 3; DELETE FROM t WHERE id = 10");
+    wait_same(&a, &c, "t", &[&ab, &bc]);
+    wait_same(&a, &b, "t", &[&ab, &bc]);
+    assert!(running_ab.stop(WAIT).success(), "{}", ab.log());
+    assert!(running_bc.stop(WAIT).success(), "{}", bc.log());
+}
+
+#[test]
+fn bidirectional_without_loops_using_origin_none() {
+    let ddl = "CREATE TABLE t (id int PRIMARY KEY, v text, at text)";
+    let a = Cluster::builder().at_least(16).start();
+    let b = Cluster::builder().at_least(16).start();
+    for cluster in [&a, &b] {
+        cluster.psql(ddl);
+        cluster.psql("CREATE PUBLICATION pub FOR TABLE t");
+    }
+    a.psql("INSERT INTO t SELECT g, 'v', 'a' FROM generate_series(1, 5) g");
+    // A's rows reach B through the copy; B → A must not copy them back.
+    let ab = bridge(&a, &b, "from_a", "origin = \"none\"");
+    let ba = bridge(&b, &a, "from_b", "origin = \"none\"\ncopy_data = false");
+    let running_ab = ab.start();
+    wait_same(&a, &b, "t", &[&ab]);
+    let running_ba = ba.start();
+    a.wait_for_streaming(WAIT);
+    b.wait_for_streaming(WAIT);
+    a.psql(
+        "INSERT INTO t VALUES (100, 'from a', 'a'); UPDATE t SET v = 'changed on a' WHERE id = 1",
+    );
+    b.psql("INSERT INTO t VALUES (200, 'from b', 'b'); UPDATE t SET v = 'changed on b' WHERE id = 2; DELETE FROM t WHERE id = 3");
+    wait_same(&a, &b, "t", &[&ab, &ba]);
+    assert_eq!(
+        a.psql("SELECT string_agg(id || '=' || v, ',' ORDER BY id) FROM t"),
+        "1=changed on a,2=changed on b,4=v,5=v,100=from a,200=from b"
+    );
+    // Nothing comes back around: a while later both are unchanged, and
+    // neither sink met a conflict (a looping insert would hit its own row).
+    std::thread::sleep(Duration::from_secs(2));
+    wait_same(&a, &b, "t", &[&ab, &ba]);
+    for wb in [&ab, &ba] {
+        assert!(!wb.log().contains("conflict"), "{}", wb.log());
+    }
+    assert!(running_ab.stop(WAIT).success(), "{}", ab.log());
+    assert!(running_ba.stop(WAIT).success(), "{}", ba.log());
+}
+
+/// Replicates the type table from a `from`-version publisher into a
+/// `into`-version subscriber and compares every row's text.
+fn across_versions(from: u32, into: u32) {
+    let publisher = Cluster::builder().version(from).start();
+    let subscriber = Cluster::builder().version(into).start();
+    assert_eq!((publisher.major(), subscriber.major()), (from, into));
+    let r = Replication {
+        publisher,
+        subscriber,
+        wb: Deployment::new(),
+    };
+    for cluster in [&r.publisher, &r.subscriber] {
+        cluster.psql(walbridge_tests::fixtures::TYPES_SCHEMA);
+    }
+    let p = &r.publisher;
+    p.psql(&walbridge_tests::fixtures::TYPES_ROW.replace("ID", "1"));
+    p.psql("CREATE PUBLICATION pub FOR TABLE t");
+    r.configure(&["pub"], "", "");
+    let running = r.start();
+    wait_same_rows(&r);
+    p.wait_for_streaming(WAIT);
+    p.psql(&walbridge_tests::fixtures::TYPES_ROW.replace("ID", "2"));
+    p.psql("UPDATE t SET txt = 'updated', ints = NULL WHERE id = 1; INSERT INTO t (id) VALUES (3)");
+    p.psql("DELETE FROM t WHERE id = 3");
+    wait_same_rows(&r);
+    let status = running.stop(WAIT);
+    assert!(status.success(), "exit {status}; log:\n{}", r.wb.log());
+}
+
+#[test]
+fn from_postgres_14_into_17() {
+    across_versions(14, 17);
+}
+
+#[test]
+fn from_postgres_17_into_15() {
+    across_versions(17, 15);
+}

@@ -24,7 +24,7 @@ mod value;
 pub use change::{Change, LogicalMessage, OldRow, OldRowKind, Truncate, TruncateOptions};
 pub use event::{EventBatch, Origin, SnapshotBatch, SourceEvent, TransactionInfo};
 pub use lsn::{Lsn, ParseLsnError};
-pub use relation::{Column, Relation, RelationId, ReplicaIdentity};
+pub use relation::{Column, Relation, RelationId, ReplicaIdentity, TableName};
 pub use time::PgTimestamp;
 pub use types::{Oid, TypeInfo, TypeKind, ValueKind};
 pub use units::{ByteSize, DurationText};

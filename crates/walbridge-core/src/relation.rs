@@ -58,6 +58,15 @@ pub struct Column {
     pub is_key: bool,
 }
 
+/// A schema-qualified table name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TableName {
+    /// Schema name.
+    pub schema: String,
+    /// Table name.
+    pub name: String,
+}
+
 /// A published table as described by the publisher at one point in time.
 ///
 /// Changes hold their relation by `Arc`, so every change is decoded with the
@@ -75,6 +84,10 @@ pub struct Relation {
     pub replica_identity: ReplicaIdentity,
     /// Published columns, in the order the publisher sends them.
     pub columns: Vec<Column>,
+    /// For a partition published on its own (`publish_via_partition_root =
+    /// false`): the root of its partition tree, so a sink can route its
+    /// rows into one table.
+    pub partition_root: Option<TableName>,
 }
 
 impl Relation {

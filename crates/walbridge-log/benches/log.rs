@@ -37,6 +37,7 @@ fn record(size: usize) -> Vec<u8> {
                 is_key: i == 0,
             })
             .collect(),
+        partition_root: None,
     });
     let info = TransactionInfo {
         xid: 7,

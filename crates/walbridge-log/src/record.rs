@@ -8,8 +8,8 @@ use bytes::Bytes;
 use prost::Message as _;
 use walbridge_core::{
     Change, Column, Datum, EventBatch, LogicalMessage, Lsn, OldRow, OldRowKind, Origin,
-    PgTimestamp, Relation, ReplicaIdentity, Row, SnapshotBatch, SourceEvent, TransactionInfo,
-    Truncate, TruncateOptions, ValueKind,
+    PgTimestamp, Relation, ReplicaIdentity, Row, SnapshotBatch, SourceEvent, TableName,
+    TransactionInfo, Truncate, TruncateOptions, ValueKind,
 };
 
 use crate::pb;
@@ -254,6 +254,10 @@ fn relation_to_pb(r: &Relation) -> pb::Relation {
                 is_key: c.is_key,
             })
             .collect(),
+        partition_root: r.partition_root.as_ref().map(|t| pb::TableName {
+            schema: t.schema.clone(),
+            name: t.name.clone(),
+        }),
     }
 }
 
@@ -481,6 +485,10 @@ fn relation_from_pb(r: pb::Relation) -> Result<Relation, RecordError> {
                 is_key: c.is_key,
             })
             .collect(),
+        partition_root: r.partition_root.map(|t| TableName {
+            schema: t.schema,
+            name: t.name,
+        }),
     })
 }
 

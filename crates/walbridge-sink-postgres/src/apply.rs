@@ -630,6 +630,19 @@ impl Applier {
         misses.example.get_or_insert_with(|| map.target.display());
     }
 
+    /// Records (durably) that the sink stops on `txn` because of `error`.
+    fn stop_on(&self, txn: &TransactionInfo, error: String) -> Box<StoppedOn> {
+        let stopped = Box::new(StoppedOn {
+            source: self.source.name.clone(),
+            xid: txn.xid,
+            commit_lsn: txn.commit_lsn,
+            end_lsn: txn.end_lsn,
+            error,
+        });
+        self.state.set_stopped(&stopped);
+        stopped
+    }
+
     /// Turns a failed statement into the sink's error, recording the
     /// source transaction it stopped on when the data is the cause.
     async fn failure(&mut self, purpose: Purpose, failed: Failed) -> SinkError {
@@ -653,14 +666,7 @@ impl Applier {
                 source: failed.error,
             };
         }
-        let stopped = Box::new(StoppedOn {
-            source: self.source.name.clone(),
-            xid: txn.xid,
-            commit_lsn: txn.commit_lsn,
-            end_lsn: txn.end_lsn,
-            error: describe_pg_error(&failed.error),
-        });
-        self.state.set_stopped(&stopped);
+        let stopped = self.stop_on(&txn, describe_pg_error(&failed.error));
         let db = failed.error.as_db_error();
         let message = db.map_or_else(|| failed.error.to_string(), |d| d.message().to_owned());
         let class = code.as_deref().map_or("", |c| &c[..2.min(c.len())]);
@@ -739,6 +745,16 @@ impl Applier {
         let mut names = Vec::new();
         for relation in &truncate.relations {
             let map = self.map(relation).await?;
+            if map.routed_partition {
+                let stopped =
+                    self.stop_on(txn, format!("TRUNCATE of partition {}", map.source_table));
+                return Err(SinkError::TruncatePartition {
+                    sink: self.sink.clone(),
+                    partition: map.source_table.clone(),
+                    table: map.target.display(),
+                    stopped,
+                });
+            }
             names.push(map.target.display());
             match &map.source_tag {
                 // The table holds other sources' rows too: remove only this source's.

@@ -191,6 +191,21 @@ pub enum SinkError {
         /// The source transaction.
         stopped: Box<StoppedOn>,
     },
+    /// A TRUNCATE of a partition whose rows go into a table shared with
+    /// other partitions.
+    #[error(
+        "TRUNCATE of partition {partition} cannot be applied: its rows go into {table}, which also holds other partitions' rows. Publish with publish_via_partition_root = true (a TRUNCATE of the whole table then arrives as such), or skip the transaction with `walbridge skip --sink {sink}`; stopped on {stopped}"
+    )]
+    TruncatePartition {
+        /// The sink.
+        sink: String,
+        /// The source partition.
+        partition: String,
+        /// The target table.
+        table: String,
+        /// The source transaction.
+        stopped: Box<StoppedOn>,
+    },
     /// Another statement of a source transaction failed.
     #[error("applying {stopped} to {table}: {message}")]
     Apply {
@@ -241,6 +256,7 @@ impl SinkError {
             SinkError::Conflict { stopped, .. }
             | SinkError::Value { stopped, .. }
             | SinkError::Truncate { stopped, .. }
+            | SinkError::TruncatePartition { stopped, .. }
             | SinkError::Apply { stopped, .. } => Some(stopped),
             _ => None,
         }

@@ -192,6 +192,9 @@ pub struct TableMap {
     pub source_tag: Option<(String, String)>,
     /// With `on_conflict = "upsert"`: the quoted arbiter columns.
     pub upsert_key: Option<Vec<String>>,
+    /// The source table is a partition whose rows go into the table of
+    /// its partition root (which also holds the other partitions' rows).
+    pub routed_partition: bool,
 }
 
 impl TableMap {
@@ -278,15 +281,23 @@ impl Mapper {
         let (schema, name) = self
             .template
             .render(&self.source, &relation.schema, &relation.name);
-        let target = catalog
-            .table(schema.as_deref(), &name)
-            .await?
-            .ok_or_else(|| SinkError::MissingTable {
-                target: schema
-                    .as_deref()
-                    .map_or(name.clone(), |s| format!("{s}.{name}")),
-                source_table: source_table.clone(),
-            })?;
+        let mut target = catalog.table(schema.as_deref(), &name).await?;
+        let mut routed = false;
+        if target.is_none()
+            && let Some(root) = &relation.partition_root
+        {
+            // A partition without a counterpart: its rows go to the root's table.
+            let (root_schema, root_name) =
+                self.template.render(&self.source, &root.schema, &root.name);
+            target = catalog.table(root_schema.as_deref(), &root_name).await?;
+            routed = target.is_some();
+        }
+        let target = target.ok_or_else(|| SinkError::MissingTable {
+            target: schema
+                .as_deref()
+                .map_or(name.clone(), |s| format!("{s}.{name}")),
+            source_table: source_table.clone(),
+        })?;
         let mut columns = Vec::with_capacity(relation.columns.len());
         for column in &relation.columns {
             let target_column =
@@ -360,6 +371,7 @@ impl Mapper {
             full_identity,
             source_tag,
             upsert_key,
+            routed_partition: routed,
         })
     }
 }

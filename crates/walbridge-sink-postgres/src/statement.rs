@@ -285,6 +285,7 @@ mod tests {
             full_identity: full,
             source_tag: tag.then(|| ("\"src\"".into(), "'shop'".into())),
             upsert_key: Some(vec!["\"id\"".into()]),
+            routed_partition: false,
         }
     }
 

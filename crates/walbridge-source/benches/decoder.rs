@@ -35,6 +35,7 @@ fn relation(id: u32, columns: usize) -> Relation {
                 is_key: i == 0,
             })
             .collect(),
+        partition_root: None,
     }
 }
 

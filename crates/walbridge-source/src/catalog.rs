@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use tokio_postgres::Client;
-use walbridge_core::{Column, Oid, Relation, ReplicaIdentity, TypeKind, ValueKind};
+use walbridge_core::{Column, Oid, Relation, ReplicaIdentity, TableName, TypeKind, ValueKind};
 
 use crate::pgoutput::RelationBody;
 
@@ -165,6 +165,7 @@ impl TypeCatalog {
             })
             .collect();
         Ok(Relation {
+            partition_root: partition_root(client, body.id).await?,
             id: body.id,
             schema: body.schema,
             name: body.name,
@@ -172,6 +173,22 @@ impl TypeCatalog {
             columns,
         })
     }
+}
+
+/// The root of the partition tree `table` is a partition of, if it is one.
+async fn partition_root(client: &Client, table: Oid) -> Result<Option<TableName>, CatalogError> {
+    let row = client
+        .query_opt(
+            "SELECT n.nspname::text, c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE c.oid = pg_partition_root($1::oid::regclass) AND c.oid <> $1",
+            &[&table],
+        )
+        .await
+        .map_err(query_error(format!("partition root of table {table}")))?;
+    Ok(row.map(|r| TableName {
+        schema: r.get(0),
+        name: r.get(1),
+    }))
 }
 
 /// A table covered by the source's publications.
@@ -320,6 +337,7 @@ pub async fn describe_table(
     }
     types.load(client, oids).await?;
     Ok(Relation {
+        partition_root: partition_root(client, table.oid).await?,
         id: table.oid,
         schema: table.schema.clone(),
         name: table.name.clone(),

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use walbridge_core::{
     Change, Column, Datum, LogicalMessage, Lsn, OldRow, OldRowKind, Relation, ReplicaIdentity, Row,
-    Truncate, TruncateOptions, ValueKind,
+    TableName, Truncate, TruncateOptions, ValueKind,
 };
 
 /// A spill file could not be written or read back.
@@ -421,6 +421,14 @@ fn encode_relation(r: &Relation, buf: &mut BytesMut) {
         encode_kind(&c.kind, buf);
         buf.put_u8(u8::from(c.is_key));
     }
+    match &r.partition_root {
+        Some(root) => {
+            buf.put_u8(1);
+            put_bytes(buf, root.schema.as_bytes());
+            put_bytes(buf, root.name.as_bytes());
+        }
+        None => buf.put_u8(0),
+    }
 }
 
 fn decode_relation(buf: &mut Bytes) -> Option<Relation> {
@@ -440,12 +448,20 @@ fn decode_relation(buf: &mut Bytes) -> Option<Relation> {
             is_key: take_u8(buf)? == 1,
         });
     }
+    let partition_root = match take_u8(buf)? {
+        1 => Some(TableName {
+            schema: take_string(buf)?,
+            name: take_string(buf)?,
+        }),
+        _ => None,
+    };
     Some(Relation {
         id,
         schema,
         name,
         replica_identity,
         columns,
+        partition_root,
     })
 }
 
@@ -577,6 +593,10 @@ mod tests {
                 },
                 is_key: true,
             }],
+            partition_root: Some(TableName {
+                schema: "s".into(),
+                name: "root".into(),
+            }),
         })
     }
 

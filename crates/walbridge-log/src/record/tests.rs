@@ -27,6 +27,10 @@ fn relation(id: u32, name: &str) -> Arc<Relation> {
                 is_key: false,
             },
         ],
+        partition_root: Some(walbridge_core::TableName {
+            schema: "public".into(),
+            name: "root".into(),
+        }),
     })
 }
 

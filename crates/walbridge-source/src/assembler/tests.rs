@@ -21,6 +21,7 @@ fn relation(id: u32, columns: &[&str]) -> Relation {
                 is_key: *c == "id",
             })
             .collect(),
+        partition_root: None,
     }
 }
 

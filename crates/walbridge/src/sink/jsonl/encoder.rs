@@ -212,6 +212,7 @@ mod tests {
                 column("id", ValueKind::Int4, true),
                 column("doc", ValueKind::Text, false),
             ],
+            partition_root: None,
         })
     }
 
