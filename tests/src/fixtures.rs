@@ -33,3 +33,63 @@ INSERT INTO t VALUES (ID,
   '{1,NULL,3}', '{{\"a b\",c},{d,NULL}}', '{happy,sad}',
   'happy', ROW(1, 'x'), '[1,5)', 7
 )";
+
+/// The tables [`transaction`] writes.
+pub const WORKLOAD_SCHEMA: &str = "CREATE TABLE t (id bigint PRIMARY KEY, n int, pad text);
+     CREATE TABLE g (id bigint PRIMARY KEY);
+     CREATE TABLE big (id bigint PRIMARY KEY, pad text)";
+
+/// The SQL of transaction `i` of a mixed workload on [`WORKLOAD_SCHEMA`]
+/// (one-row inserts, updates that increment a counter, inserts and
+/// deletes, 100-row updates, 5,000-row inserts that stream) and the number
+/// of row changes it makes. Applying one twice changes the result.
+pub fn transaction(i: u64) -> (String, u64) {
+    let mut sql = format!("BEGIN; INSERT INTO t VALUES ({i}, 0, 'r{i}');");
+    let mut changes = 1;
+    if i.is_multiple_of(7) {
+        sql += &format!("UPDATE t SET n = n + 1, pad = 'u{i}' WHERE id = {};", i / 2);
+        changes += 1;
+    }
+    if i.is_multiple_of(11) {
+        sql += &format!("INSERT INTO g VALUES ({i});");
+        changes += 1;
+        if i >= 11 {
+            sql += &format!("DELETE FROM g WHERE id = {};", i - 11);
+            changes += 1;
+        }
+    }
+    if i % 250 == 100 {
+        sql += &format!(
+            "UPDATE t SET n = n + 1 WHERE id BETWEEN {} AND {i};",
+            i - 99
+        );
+        changes += 100;
+    }
+    if i % 1000 == 500 {
+        sql += &format!(
+            "INSERT INTO big SELECT {i} * 10000 + s, repeat('y', 200) FROM generate_series(1, 5000) s;"
+        );
+        changes += 5000;
+    }
+    sql += "COMMIT;";
+    (sql, changes)
+}
+
+/// A small deterministic generator, so a failing run can be repeated from its seed.
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator starting from `seed`.
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    /// A number below `below`.
+    pub fn next(&mut self, below: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % below
+    }
+}

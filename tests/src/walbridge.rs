@@ -267,6 +267,22 @@ impl Running {
         }
     }
 
+    /// The process's peak resident memory so far (`VmHWM`), in bytes.
+    pub fn peak_rss(&self) -> u64 {
+        let Some(child) = &self.child else {
+            return 0;
+        };
+        std::fs::read_to_string(format!("/proc/{}/status", child.id()))
+            .ok()
+            .and_then(|status| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("VmHWM:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            })
+            .map_or(0, |kib| kib * 1024)
+    }
+
     /// True while the process runs.
     pub fn is_running(&mut self) -> bool {
         self.child

@@ -8,44 +8,12 @@ use std::time::Duration;
 
 use serde_json::Value;
 use walbridge_tests::Cluster;
+use walbridge_tests::fixtures::{Rng, WORKLOAD_SCHEMA, transaction};
 use walbridge_tests::walbridge::Deployment;
 
 const WAIT: Duration = Duration::from_secs(200);
 const CHUNKS: u64 = 20;
 const PER_CHUNK: u64 = 1000;
-
-/// The SQL of transaction `i` and the number of row changes it makes.
-fn transaction(i: u64) -> (String, u64) {
-    let mut sql = format!("BEGIN; INSERT INTO t VALUES ({i}, 0, 'r{i}');");
-    let mut changes = 1;
-    if i.is_multiple_of(7) {
-        sql += &format!("UPDATE t SET n = n + 1, pad = 'u{i}' WHERE id = {};", i / 2);
-        changes += 1;
-    }
-    if i.is_multiple_of(11) {
-        sql += &format!("INSERT INTO g VALUES ({i});");
-        changes += 1;
-        if i >= 11 {
-            sql += &format!("DELETE FROM g WHERE id = {};", i - 11);
-            changes += 1;
-        }
-    }
-    if i % 250 == 100 {
-        sql += &format!(
-            "UPDATE t SET n = n + 1 WHERE id BETWEEN {} AND {i};",
-            i - 99
-        );
-        changes += 100;
-    }
-    if i % 1000 == 500 {
-        sql += &format!(
-            "INSERT INTO big SELECT {i} * 10000 + s, repeat('y', 200) FROM generate_series(1, 5000) s;"
-        );
-        changes += 5000;
-    }
-    sql += "COMMIT;";
-    (sql, changes)
-}
 
 fn lsn(v: &Value) -> u64 {
     let text = v.as_str().unwrap_or_else(|| panic!("not an LSN: {v}"));
@@ -55,19 +23,6 @@ fn lsn(v: &Value) -> u64 {
     let hi = u64::from_str_radix(hi, 16).unwrap_or_else(|e| panic!("{text}: {e}"));
     let lo = u64::from_str_radix(lo, 16).unwrap_or_else(|e| panic!("{text}: {e}"));
     (hi << 32) | lo
-}
-
-/// A small deterministic generator, so a failing run can be repeated from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self, below: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % below
-    }
 }
 
 fn row_text(after: &Value, columns: &[&str]) -> String {
@@ -87,12 +42,8 @@ fn every_transaction_reaches_the_sink_exactly_once_across_repeated_kills() {
         .setting("logical_decoding_work_mem", "64kB")
         .setting("synchronous_commit", "off")
         .start();
-    pg.psql(
-        "CREATE TABLE t (id bigint PRIMARY KEY, n int, pad text);
-         CREATE TABLE g (id bigint PRIMARY KEY);
-         CREATE TABLE big (id bigint PRIMARY KEY, pad text);
-         CREATE PUBLICATION pub FOR TABLE t, g, big",
-    );
+    pg.psql(WORKLOAD_SCHEMA);
+    pg.psql("CREATE PUBLICATION pub FOR TABLE t, g, big");
     let wb = Deployment::new();
     wb.configure(&pg, "postgres", "pub", "status_interval = 1");
     let seed = std::env::var("WALBRIDGE_CRASH_SEED")
@@ -103,7 +54,7 @@ fn every_transaction_reaches_the_sink_exactly_once_across_repeated_kills() {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(1, |d| d.as_nanos() as u64)
         });
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let expected: u64 = (0..CHUNKS * PER_CHUNK).map(|i| transaction(i).1).sum();
 
     let mut running = wb.start();
