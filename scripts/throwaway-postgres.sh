@@ -1,7 +1,8 @@
 # A throwaway local PostgreSQL for the quickstart and the benchmarks.
 # Sourced, not run. Sets `work` (a fresh directory) and `port` (free, on
 # 127.0.0.1); `start_throwaway_postgres [extra postgresql.conf lines…]`
-# starts the server; `stop_throwaway_postgres` stops it and removes `work`.
+# starts the server, `start_second_postgres` another one on `port2`;
+# `stop_throwaway_postgres` stops them and removes `work`.
 
 # psql and, when running as root, the OS user the server runs as.
 if ! command -v psql >/dev/null; then
@@ -20,19 +21,32 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
 as_server() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 if [ "$(id -u)" = 0 ]; then chown postgres "$work"; fi
 
-start_throwaway_postgres() {
-  as_server initdb -D "$work/data" -U postgres -A trust -E UTF8 --locale=C >/dev/null
+# Args: data directory, port, extra postgresql.conf lines…
+start_postgres_in() {
+  local data=$1 at_port=$2; shift 2
+  as_server initdb -D "$data" -U postgres -A trust -E UTF8 --locale=C >/dev/null
   {
     echo "wal_level = logical"
     echo "listen_addresses = '127.0.0.1'"
     echo "unix_socket_directories = '$work'"
-    echo "port = $port"
+    echo "port = $at_port"
     printf '%s\n' "$@"
-  } >> "$work/data/postgresql.conf"
-  as_server pg_ctl -D "$work/data" -l "$work/data/server.log" -w start >/dev/null
+  } >> "$data/postgresql.conf"
+  as_server pg_ctl -D "$data" -l "$data/server.log" -w start >/dev/null
+}
+
+start_throwaway_postgres() { start_postgres_in "$work/data" "$port" "$@"; }
+
+# A second server (a subscriber, say) in $work/data2 on `port2`.
+start_second_postgres() {
+  port2=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  start_postgres_in "$work/data2" "$port2" "$@"
 }
 
 stop_throwaway_postgres() {
-  as_server pg_ctl -D "$work/data" -m fast -w stop >/dev/null 2>&1 || true
+  local data
+  for data in "$work/data" "$work/data2"; do
+    [ -d "$data" ] && as_server pg_ctl -D "$data" -m fast -w stop >/dev/null 2>&1 || true
+  done
   rm -rf "$work"
 }

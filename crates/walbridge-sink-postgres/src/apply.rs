@@ -48,6 +48,7 @@ use crate::config::{OnConflict, PostgresSinkConfig};
 use crate::copy::encode_row;
 use crate::error::{SinkError, StoppedOn};
 use crate::inflight::{Failed, InFlight, Outcome};
+use crate::batch::{Batch, BatchKind, BatchRow, Batcher, InsertMode, batch_sql, bound_columns};
 use crate::mapping::{BinaryForm, Mapper, TableMap};
 use crate::progress::ProgressStore;
 use crate::state::SinkState;
@@ -78,6 +79,13 @@ enum Purpose {
     Truncate {
         txn: Arc<TransactionInfo>,
         tables: String,
+    },
+    /// A batch of changes of one table.
+    Batch {
+        map: Arc<TableMap>,
+        kind: BatchKind,
+        rows: usize,
+        last_txn: Arc<TransactionInfo>,
     },
 }
 
@@ -195,6 +203,23 @@ fn null_columns(row: &Row) -> ColumnSet {
     })
 }
 
+/// True when every value is text or NULL (batches carry text only).
+fn all_text(row: &Row) -> bool {
+    row.iter()
+        .all(|d| matches!(d, Datum::Text(_) | Datum::Null))
+}
+
+/// The identity values of `row`.
+fn key_of(map: &TableMap, row: &Row) -> Vec<Bytes> {
+    map.identity
+        .iter()
+        .map(|&i| match row.get(i) {
+            Some(Datum::Text(b) | Datum::Binary(b)) => b.clone(),
+            _ => Bytes::new(),
+        })
+        .collect()
+}
+
 /// An array's binary form with its element type OID (bytes 8..12 of the
 /// header: dimensions, flags, element type) replaced.
 fn with_element_type(array: &Bytes, element: Oid) -> Bytes {
@@ -219,6 +244,11 @@ pub struct Applier {
     catalog: TargetCatalog,
     mapper: Mapper,
     statements: HashMap<(usize, Shape), Prepared>,
+    batch_statements: HashMap<(usize, BatchKind), Statement>,
+    batcher: Batcher,
+    /// Changes of transactions ending at or before this are applied one
+    /// by one (a batch failed; this finds the transaction at fault).
+    one_by_one_until: Option<Lsn>,
     inflight: InFlight<Purpose>,
     progress: ProgressStore,
     state: Arc<SinkState>,
@@ -257,6 +287,7 @@ impl Applier {
     pub fn new(parts: ApplierParts) -> Result<Self, SinkError> {
         let mapper = Mapper::new(&parts.config, &parts.source.name).map_err(SinkError::Mapping)?;
         let isolate = parts.state.stopped_on(&parts.source.name);
+        let one_by_one_until = parts.state.one_by_one_until(&parts.source.name);
         Ok(Applier {
             inflight: InFlight::new(parts.config.pipeline_depth),
             sink: parts.sink,
@@ -266,6 +297,9 @@ impl Applier {
             catalog: parts.catalog,
             mapper,
             statements: HashMap::new(),
+            batch_statements: HashMap::new(),
+            batcher: Batcher::default(),
+            one_by_one_until,
             progress: parts.progress,
             state: parts.state,
             group: Group::default(),
@@ -383,12 +417,19 @@ impl Applier {
         match change {
             Change::Insert { relation, new, .. } => {
                 let map = self.map(&relation).await?;
-                let (shape, kind) = match self.config.on_conflict {
-                    OnConflict::Error => (Shape::Insert, ChangeKind::Insert),
-                    OnConflict::Skip => (Shape::InsertOrSkip, ChangeKind::InsertOrSkip),
-                    OnConflict::Upsert => (Shape::Upsert, ChangeKind::Insert),
+                let (shape, kind, mode) = match self.config.on_conflict {
+                    OnConflict::Error => (Shape::Insert, ChangeKind::Insert, InsertMode::Plain),
+                    OnConflict::Skip => (Shape::InsertOrSkip, ChangeKind::InsertOrSkip, InsertMode::OrSkip),
+                    OnConflict::Upsert => (Shape::Upsert, ChangeKind::Insert, InsertMode::Upsert),
                 };
                 self.group.bytes += row_bytes(&new);
+                if self.batchable(&map, &txn) && all_text(&new) {
+                    let key = (!map.full_identity && !map.identity.is_empty())
+                        .then(|| key_of(&map, &new));
+                    return self
+                        .batch(&map, BatchKind::Insert(mode), key, &new, txn, false)
+                        .await;
+                }
                 self.execute(&txn, &map, shape, kind, &new, None).await
             }
             Change::Update {
@@ -397,33 +438,125 @@ impl Applier {
                 let map = self.map(&relation).await?;
                 self.group.bytes += row_bytes(&new);
                 let set = present_columns(&new);
+                let kind = BatchKind::Update { set: set.clone() };
+                if old.is_none()
+                    && self.batchable(&map, &txn)
+                    && !map.full_identity
+                    && !map.identity.is_empty()
+                    && all_text(&new)
+                    && bound_columns(&map, &kind).len() > map.identity.len()
+                {
+                    // Nothing observes the row in between: a later update replaces an earlier one.
+                    let key = key_of(&map, &new);
+                    return self.batch(&map, kind, Some(key), &new, txn, true).await;
+                }
                 let (find, old) = self.find(&map, old.as_ref(), &new)?;
-                self.execute(
-                    &txn,
-                    &map,
-                    Shape::Update { set, find },
-                    ChangeKind::Update,
-                    &new,
-                    Some(old),
-                )
-                .await
+                self.execute(&txn, &map, Shape::Update { set, find }, ChangeKind::Update, &new, Some(old))
+                    .await
             }
             Change::Delete { relation, old, .. } => {
                 let map = self.map(&relation).await?;
                 self.group.bytes += row_bytes(&old.row);
+                if self.batchable(&map, &txn)
+                    && !map.full_identity
+                    && !map.identity.is_empty()
+                    && map.identity.iter().all(|&i| matches!(old.row.get(i), Some(Datum::Text(_))))
+                {
+                    let key = key_of(&map, &old.row);
+                    return self.batch(&map, BatchKind::Delete, Some(key), &old.row, txn, false).await;
+                }
                 let (find, old) = self.find(&map, Some(&old), &old.row)?;
-                self.execute(
-                    &txn,
-                    &map,
-                    Shape::Delete { find },
-                    ChangeKind::Delete,
-                    old,
-                    Some(old),
-                )
-                .await
+                self.execute(&txn, &map, Shape::Delete { find }, ChangeKind::Delete, old, Some(old))
+                    .await
             }
-            Change::Truncate(truncate) => self.truncate(&txn, truncate).await,
+            Change::Truncate(truncate) => {
+                self.send_batches_all().await?;
+                self.truncate(&txn, truncate).await
+            }
             Change::Message(_) => Ok(()),
+        }
+    }
+
+    /// Whether a change of `map` in `txn` may join a batch: not when
+    /// triggers fire on the table, nor while finding or applying alone the
+    /// transaction the sink stopped on.
+    fn batchable(&self, map: &TableMap, txn: &TransactionInfo) -> bool {
+        !map.target.has_apply_triggers
+            && !self.group.isolated
+            && self.one_by_one_until.is_none_or(|until| txn.end_lsn > until)
+    }
+
+    /// Adds a row to its table's batches, sending them when full.
+    async fn batch(
+        &mut self,
+        map: &Arc<TableMap>,
+        kind: BatchKind,
+        key: Option<Vec<Bytes>>,
+        row: &Row,
+        txn: Arc<TransactionInfo>,
+        replace: bool,
+    ) -> Result<(), SinkError> {
+        self.ensure_open().await?;
+        self.group.changes += 1;
+        let values = bound_columns(map, &kind)
+            .into_iter()
+            .map(|i| row.get(i).cloned().unwrap_or(Datum::Null))
+            .collect();
+        let row = BatchRow { key, values, txn };
+        if let Some(full) = self.batcher.add(map, kind, row, replace) {
+            self.send_batches(full).await?;
+        }
+        Ok(())
+    }
+
+    async fn send_batches_all(&mut self) -> Result<(), SinkError> {
+        let batches = self.batcher.take_all();
+        self.send_batches(batches).await
+    }
+
+    async fn send_batches(&mut self, batches: Vec<Batch>) -> Result<(), SinkError> {
+        for batch in batches {
+            if batch.is_empty() {
+                continue;
+            }
+            let statement = self.batch_statement(&batch.map, &batch.kind).await?;
+            let params: Vec<Param> = batch.arrays().into_iter().map(Param).collect();
+            let purpose = Purpose::Batch {
+                rows: batch.len(),
+                last_txn: batch.last_txn.clone(),
+                map: batch.map,
+                kind: batch.kind,
+            };
+            let client = self.client.clone();
+            let request = async move {
+                match client.execute_raw(&statement, params.iter()).await {
+                    Ok(rows) => Ok(rows),
+                    Err(error) => Err(Failed { error, params }),
+                }
+            };
+            self.send(purpose, request).await?;
+        }
+        Ok(())
+    }
+
+    async fn batch_statement(&mut self, map: &Arc<TableMap>, kind: &BatchKind) -> Result<Statement, SinkError> {
+        let key = (map.id, kind.clone());
+        if let Some(s) = self.batch_statements.get(&key) {
+            return Ok(s.clone());
+        }
+        let text = batch_sql(map, kind);
+        match self.client.prepare(&text).await {
+            Ok(statement) => {
+                self.batch_statements.insert(key, statement.clone());
+                Ok(statement)
+            }
+            Err(e) => {
+                self.drain().await?;
+                Err(SinkError::Target {
+                    what: format!("preparing `{text}` for target table {}", map.target.display()),
+                    source: e,
+                })
+            }
         }
     }
 
@@ -502,6 +635,8 @@ impl Applier {
         old: Option<&Row>,
     ) -> Result<(), SinkError> {
         self.ensure_open().await?;
+        // Order within the table (and with triggers) must hold: what waits goes first.
+        self.send_batches_all().await?;
         let prepared = self.prepared(map, shape).await?;
         let mut params = Vec::with_capacity(prepared.binds.len());
         for &(from_old, i) in prepared.binds.iter() {
@@ -614,6 +749,27 @@ impl Applier {
     }
 
     fn count(&mut self, purpose: &Purpose, rows: u64) {
+        if let Purpose::Batch {
+            map,
+            kind,
+            rows: sent,
+            ..
+        } = purpose
+        {
+            let missed = (*sent as u64).saturating_sub(rows);
+            if missed == 0 {
+                return;
+            }
+            let misses = &mut self.group.misses;
+            match kind {
+                BatchKind::Update { .. } => misses.updates += missed,
+                BatchKind::Delete => misses.deletes += missed,
+                BatchKind::Insert(InsertMode::OrSkip) => misses.skipped_conflicts += missed,
+                BatchKind::Insert(_) => return,
+            }
+            misses.example.get_or_insert_with(|| map.target.display());
+            return;
+        }
         let Purpose::Change { map, kind, .. } = purpose else {
             return;
         };
@@ -656,6 +812,26 @@ impl Applier {
             }
             Purpose::Change { txn, map, .. } => (txn.clone(), map.target.display()),
             Purpose::Truncate { txn, tables } => (txn.clone(), tables.clone()),
+            Purpose::Batch {
+                map,
+                rows,
+                last_txn,
+                ..
+            } => {
+                if transient(code.as_deref()) {
+                    return SinkError::Target {
+                        what: format!("applying {rows} changes to {}", map.target.display()),
+                        source: failed.error,
+                    };
+                }
+                self.state
+                    .set_one_by_one_until(&self.source.name, Some(last_txn.end_lsn));
+                return SinkError::Batch {
+                    table: map.target.display(),
+                    rows: *rows,
+                    message: describe_pg_error(&failed.error),
+                };
+            }
         };
         if transient(code.as_deref()) {
             return SinkError::Target {
@@ -697,7 +873,7 @@ impl Applier {
                     stopped,
                 }
             }
-            _ => SinkError::Apply {
+            Purpose::Change { .. } | Purpose::Control(_) | Purpose::Batch { .. } => SinkError::Apply {
                 table,
                 message: describe_pg_error(&failed.error),
                 stopped,
@@ -921,6 +1097,7 @@ impl Applier {
         }
         self.finish_copy().await?;
         self.ensure_open().await?;
+        self.send_batches_all().await?;
         if self.progress.needs_xid() {
             // The commit record carries the position only if there is one.
             self.send(
@@ -945,6 +1122,13 @@ impl Applier {
         self.drain().await?;
         let group = std::mem::take(&mut self.group);
         self.report(&group);
+        if self
+            .one_by_one_until
+            .is_some_and(|until| position.lsn >= until)
+        {
+            self.one_by_one_until = None;
+            self.state.set_one_by_one_until(&self.source.name, None);
+        }
         if group.isolated {
             self.state.clear_stopped(&self.source.name);
             self.isolate = None;

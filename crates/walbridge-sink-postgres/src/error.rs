@@ -206,6 +206,19 @@ pub enum SinkError {
         /// The source transaction.
         stopped: Box<StoppedOn>,
     },
+    /// A statement applying a batch of changes failed; the next attempt
+    /// applies them one by one to find the transaction at fault.
+    #[error(
+        "applying {rows} changes to {table} together failed: {message}; the next attempt applies them one by one to find the source transaction at fault"
+    )]
+    Batch {
+        /// Target table.
+        table: String,
+        /// Rows in the batch.
+        rows: usize,
+        /// The server's message.
+        message: String,
+    },
     /// Another statement of a source transaction failed.
     #[error("applying {stopped} to {table}: {message}")]
     Apply {

@@ -21,6 +21,7 @@
 //! Apply sessions run with `session_replication_role = replica`.
 
 pub mod apply;
+pub mod batch;
 mod config;
 mod connect;
 pub mod copy;

@@ -117,6 +117,8 @@ pub struct MappedColumn {
     pub quoted: String,
     /// The target column's type as SQL writes it.
     pub target_type: String,
+    /// The target column's type without modifier, for casts.
+    pub cast_type: String,
     /// The publisher's type name.
     pub source_type: String,
     /// Rows can be found by `=` on this column (else by its text form).
@@ -319,6 +321,7 @@ impl Mapper {
             columns.push(MappedColumn {
                 quoted: quote_ident(&column.name),
                 target_type: target_column.type_sql.clone(),
+                cast_type: target_column.type_name.clone(),
                 source_type: column.type_name.clone(),
                 comparable: target_column.comparable,
                 binary: binary_form(column.type_oid, &column.kind, target_column),

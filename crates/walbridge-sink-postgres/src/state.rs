@@ -2,10 +2,12 @@
 //! retention; the target's stored position is what the sink resumes
 //! from) and the transactions it is stopped on (for `walbridge skip`).
 
+use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use walbridge_core::Lsn;
 use walbridge_log::{CursorFile, CursorPosition, CursorState, LogPosition, SourceContext};
 
 use crate::error::{SinkError, StoppedOn};
@@ -19,6 +21,10 @@ pub struct ResumeData {
     /// Per source, the transaction the sink stopped on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stopped_on: Vec<StoppedOn>,
+    /// Per source: a batched statement failed; changes up to this position
+    /// are applied one by one, to find the transaction at fault.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub one_by_one_until: BTreeMap<String, Lsn>,
 }
 
 struct Inner {
@@ -97,6 +103,24 @@ impl SinkState {
         let before = inner.data.stopped_on.len();
         inner.data.stopped_on.retain(|s| s.source != source);
         if inner.data.stopped_on.len() != before {
+            self.store(&mut inner);
+        }
+    }
+
+    /// Up to where `source`'s changes are applied one by one.
+    pub fn one_by_one_until(&self, source: &str) -> Option<Lsn> {
+        self.lock().data.one_by_one_until.get(source).copied()
+    }
+
+    /// Records (and stores at once) that `source`'s changes up to `lsn`
+    /// are to be applied one by one; `None` ends that.
+    pub fn set_one_by_one_until(&self, source: &str, lsn: Option<Lsn>) {
+        let mut inner = self.lock();
+        let changed = match lsn {
+            Some(lsn) => inner.data.one_by_one_until.insert(source.to_owned(), lsn) != Some(lsn),
+            None => inner.data.one_by_one_until.remove(source).is_some(),
+        };
+        if changed {
             self.store(&mut inner);
         }
     }

@@ -264,6 +264,7 @@ mod tests {
         let column = |name: &str, comparable| MappedColumn {
             quoted: format!("\"{name}\""),
             target_type: "integer".into(),
+            cast_type: "integer".into(),
             source_type: "int4".into(),
             comparable,
             binary: crate::mapping::BinaryForm::AsIs,
@@ -279,6 +280,7 @@ mod tests {
                 columns: Vec::new(),
                 unique_keys: vec![vec!["id".into()]],
                 has_primary_key: true,
+                has_apply_triggers: false,
             }),
             columns: vec![column("id", true), column("doc", false), column("n", true)],
             identity,

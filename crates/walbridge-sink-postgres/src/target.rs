@@ -20,6 +20,11 @@ pub struct TargetColumn {
     pub type_oid: Oid,
     /// The type as SQL writes it, with its modifier (`character varying(5)`).
     pub type_sql: String,
+    /// The type itself, without modifier (`pg_catalog."varchar"`): what
+    /// values are cast to, so that assigning them still checks the
+    /// modifier (an explicit cast to `varchar(5)` would silently truncate,
+    /// and SQL's `character` alone means `char(1)`).
+    pub type_name: String,
     /// The domain's base type for a domain, else the type itself.
     pub base_oid: Oid,
     /// The type is an enum.
@@ -52,6 +57,9 @@ pub struct TargetTable {
     pub unique_keys: Vec<Vec<String>>,
     /// True when `unique_keys[0]` is the primary key.
     pub has_primary_key: bool,
+    /// Row or statement triggers fire while applying (`ENABLE REPLICA` or
+    /// `ENABLE ALWAYS`): its changes are applied one by one, in order.
+    pub has_apply_triggers: bool,
 }
 
 impl TargetTable {
@@ -151,6 +159,15 @@ impl TargetCatalog {
         }
         let columns = self.columns(oid, &display).await?;
         let (unique_keys, has_primary_key) = self.unique_keys(oid, &display).await?;
+        let has_apply_triggers: bool = self
+            .client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = $1 AND NOT tgisinternal AND tgenabled IN ('R', 'A'))",
+                &[&oid],
+            )
+            .await
+            .map_err(lookup_error(format!("reading the triggers of {display}")))?
+            .get(0);
         let table = Arc::new(TargetTable {
             oid,
             schema: row.get(1),
@@ -159,6 +176,7 @@ impl TargetCatalog {
             columns,
             unique_keys,
             has_primary_key,
+            has_apply_triggers,
         });
         self.tables.insert(key, table.clone());
         Ok(Some(table))
@@ -174,8 +192,10 @@ impl TargetCatalog {
                         CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END, \
                         t.typtype = 'e', \
                         CASE WHEN t.typcategory = 'A' THEN t.typelem END, \
-                        coalesce(e.typtype = 'e', false) \
+                        coalesce(e.typtype = 'e', false), \
+                        format('%I.%I', tn.nspname, t.typname) \
                  FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+                 JOIN pg_namespace tn ON tn.oid = t.typnamespace \
                  LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A' \
                  WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped \
                  ORDER BY a.attnum",
@@ -192,6 +212,7 @@ impl TargetCatalog {
                 name: row.get(0),
                 type_oid: row.get(1),
                 type_sql: row.get(2),
+                type_name: row.get(9),
                 base_oid: row.get(5),
                 is_enum: row.get(6),
                 element: element.map(|e| (e, row.get(8))),

@@ -1,0 +1,329 @@
+//! Set-based apply: consecutive changes of one table, in one group, as one
+//! statement over arrays.
+//!
+//! A native subscriber pays the executor's per-statement costs for every
+//! row; so does a client sending one statement per change, plus a round of
+//! protocol messages and a wake-up on both sides. Within a target
+//! transaction the order of changes to *different* tables cannot be
+//! observed — foreign keys are not checked while applying
+//! (`session_replication_role = replica`) and tables whose triggers fire
+//! while applying are never batched — so the sink keeps, per target table,
+//! the sequence of that table's changes as batches of one kind (inserts,
+//! updates of the same columns, deletes) with distinct keys, and runs each
+//! batch as one statement that joins the table with `unnest` of one text
+//! array per column:
+//!
+//! ```sql
+//! UPDATE t AS x SET v = u.p1::text FROM unnest($1::text[], $2::text[]) AS u(p1, p2)
+//!  WHERE x.id = u.p2::integer
+//! ```
+//!
+//! A key that comes again starts a new batch, except that an update of the
+//! same columns replaces the earlier one in its batch: the row ends up
+//! exactly as applying both would leave it. The final state of every
+//! table at COMMIT is the one applying the changes one by one gives.
+//! Values travel as text and are cast to the column's type without its
+//! modifier, so assignment still checks `varchar(n)` and the like.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use walbridge_core::{Datum, Oid, TransactionInfo};
+
+use crate::mapping::TableMap;
+use crate::statement::ColumnSet;
+
+/// Rows a batch takes before it is sent.
+pub const MAX_BATCH_ROWS: usize = 5000;
+
+/// Bytes of values a batch takes before it is sent.
+pub const MAX_BATCH_BYTES: usize = 4 << 20;
+
+/// How inserts treat an existing key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InsertMode {
+    /// A conflict is an error.
+    Plain,
+    /// `ON CONFLICT DO NOTHING`.
+    OrSkip,
+    /// `ON CONFLICT (key) DO UPDATE`.
+    Upsert,
+}
+
+/// What a batch does; with the mapping it determines the SQL.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum BatchKind {
+    /// Inserts of whole rows.
+    Insert(InsertMode),
+    /// Updates, by key, of the `set` columns (key columns left alone).
+    Update {
+        /// The columns written (`None`: every non-key column).
+        set: ColumnSet,
+    },
+    /// Deletes by key.
+    Delete,
+}
+
+/// The published columns a batch binds, one array each, in parameter order.
+pub fn bound_columns(map: &TableMap, kind: &BatchKind) -> Vec<usize> {
+    match kind {
+        BatchKind::Insert(_) => (0..map.columns.len()).collect(),
+        BatchKind::Update { set } => {
+            let written: Vec<usize> = match set {
+                None => (0..map.columns.len()).collect(),
+                Some(list) => list.iter().map(|&i| usize::from(i)).collect(),
+            };
+            written
+                .into_iter()
+                .filter(|i| !map.identity.contains(i))
+                .chain(map.identity.iter().copied())
+                .collect()
+        }
+        BatchKind::Delete => map.identity.clone(),
+    }
+}
+
+/// The statement of `kind` on `map`: one `text[]` parameter per bound column.
+pub fn batch_sql(map: &TableMap, kind: &BatchKind) -> String {
+    let table = map.quoted();
+    let bound = bound_columns(map, kind);
+    let params: Vec<String> = (1..=bound.len()).map(|i| format!("${i}::text[]")).collect();
+    let names: Vec<String> = (1..=bound.len()).map(|i| format!("p{i}")).collect();
+    let from = format!("unnest({}) AS u({})", params.join(", "), names.join(", "));
+    let value = |position: usize| {
+        let column = &map.columns[bound[position]];
+        format!("u.p{}::{}", position + 1, column.cast_type)
+    };
+    let key_conditions = |first_key: usize| {
+        let mut conditions: Vec<String> = map
+            .identity
+            .iter()
+            .enumerate()
+            .map(|(k, &i)| format!("x.{} = {}", map.columns[i].quoted, value(first_key + k)))
+            .collect();
+        if let Some((column, source)) = &map.source_tag {
+            conditions.push(format!("x.{column} = {source}"));
+        }
+        conditions.join(" AND ")
+    };
+    match kind {
+        BatchKind::Insert(mode) => {
+            let mut names: Vec<&str> = map.columns.iter().map(|c| c.quoted.as_str()).collect();
+            let mut values: Vec<String> = (0..bound.len()).map(value).collect();
+            if let Some((column, source)) = &map.source_tag {
+                names.push(column);
+                values.push(source.clone());
+            }
+            let mut sql = format!(
+                "INSERT INTO {table} ({}) SELECT {} FROM {from}",
+                names.join(", "),
+                values.join(", ")
+            );
+            match mode {
+                InsertMode::Plain => {}
+                InsertMode::OrSkip => sql.push_str(" ON CONFLICT DO NOTHING"),
+                InsertMode::Upsert => {
+                    let key = map.upsert_key.as_deref().unwrap_or_default();
+                    let updates: Vec<String> = map
+                        .columns
+                        .iter()
+                        .filter(|c| !key.contains(&c.quoted))
+                        .map(|c| format!("{0} = EXCLUDED.{0}", c.quoted))
+                        .collect();
+                    if updates.is_empty() {
+                        sql.push_str(&format!(" ON CONFLICT ({}) DO NOTHING", key.join(", ")));
+                    } else {
+                        sql.push_str(&format!(
+                            " ON CONFLICT ({}) DO UPDATE SET {}",
+                            key.join(", "),
+                            updates.join(", ")
+                        ));
+                    }
+                }
+            }
+            sql
+        }
+        BatchKind::Update { .. } => {
+            let written = bound.len() - map.identity.len();
+            let assignments: Vec<String> = (0..written)
+                .map(|p| format!("{} = {}", map.columns[bound[p]].quoted, value(p)))
+                .collect();
+            format!(
+                "UPDATE {table} AS x SET {} FROM {from} WHERE {}",
+                assignments.join(", "),
+                key_conditions(written)
+            )
+        }
+        BatchKind::Delete => format!("DELETE FROM {table} AS x USING {from} WHERE {}", key_conditions(0)),
+    }
+}
+
+/// One batch: rows of one kind for one table, with distinct keys.
+pub struct Batch {
+    /// The mapping its rows were described with.
+    pub map: Arc<TableMap>,
+    /// What it does.
+    pub kind: BatchKind,
+    /// Per row, the bound values in [`bound_columns`] order.
+    rows: Vec<Vec<Datum>>,
+    /// Row index by key, for repeated keys.
+    keys: HashMap<Vec<Bytes>, usize>,
+    bytes: usize,
+    /// The last source transaction with a row in it.
+    pub last_txn: Arc<TransactionInfo>,
+}
+
+impl Batch {
+    /// Rows in the batch.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// True without rows.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The statement's parameters: one text array literal per bound column.
+    pub fn arrays(&self) -> Vec<Datum> {
+        let width = self.rows.first().map_or(0, Vec::len);
+        let mut arrays: Vec<BytesMut> = (0..width)
+            .map(|_| BytesMut::with_capacity(self.bytes / width.max(1) + 3 * self.rows.len() + 2))
+            .collect();
+        for array in &mut arrays {
+            array.put_u8(b'{');
+        }
+        for (r, row) in self.rows.iter().enumerate() {
+            for (array, datum) in arrays.iter_mut().zip(row) {
+                if r > 0 {
+                    array.put_u8(b',');
+                }
+                push_element(array, datum);
+            }
+        }
+        arrays
+            .into_iter()
+            .map(|mut a| {
+                a.put_u8(b'}');
+                Datum::Text(a.freeze())
+            })
+            .collect()
+    }
+}
+
+/// Appends one array element: `NULL`, or the text double-quoted with `"`
+/// and `\` escaped.
+fn push_element(out: &mut BytesMut, datum: &Datum) {
+    let Datum::Text(text) = datum else {
+        out.put_slice(b"NULL");
+        return;
+    };
+    out.put_u8(b'"');
+    let mut start = 0;
+    for (i, &b) in text.iter().enumerate() {
+        if b == b'"' || b == b'\\' {
+            out.put_slice(&text[start..i]);
+            out.put_u8(b'\\');
+            start = i;
+        }
+    }
+    out.put_slice(&text[start..]);
+    out.put_u8(b'"');
+}
+
+/// One target table's batches, in order.
+struct TableQueue {
+    batches: Vec<Batch>,
+}
+
+/// The batches of the group being built, per target table.
+#[derive(Default)]
+pub struct Batcher {
+    tables: Vec<TableQueue>,
+    by_table: HashMap<Oid, usize>,
+}
+
+/// A row for [`Batcher::add`].
+pub struct BatchRow {
+    /// Its key (identity values), when rows of the kind must have distinct keys.
+    pub key: Option<Vec<Bytes>>,
+    /// The bound values, in [`bound_columns`] order (text only).
+    pub values: Vec<Datum>,
+    /// Its source transaction.
+    pub txn: Arc<TransactionInfo>,
+}
+
+impl Batcher {
+    /// True when nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.tables.iter().all(|t| t.batches.is_empty())
+    }
+
+    /// Adds a row to its table's batches. `replace` allows an update to
+    /// overwrite an earlier update of the same key in the current batch.
+    /// Returns the table's batches when they should be sent now (the
+    /// current one is full).
+    pub fn add(
+        &mut self,
+        map: &Arc<TableMap>,
+        kind: BatchKind,
+        row: BatchRow,
+        replace: bool,
+    ) -> Option<Vec<Batch>> {
+        let table = map.target.oid;
+        let index = *self.by_table.entry(table).or_insert_with(|| {
+            self.tables.push(TableQueue {
+                batches: Vec::new(),
+            });
+            self.tables.len() - 1
+        });
+        let queue = &mut self.tables[index];
+        let bytes: usize = row.values.iter().map(|d| d.len() + 4).sum();
+        let current = queue
+            .batches
+            .last_mut()
+            .filter(|b| Arc::ptr_eq(&b.map, map) && b.kind == kind);
+        let fits = match (current, &row.key) {
+            (Some(batch), Some(key)) => match batch.keys.get(key) {
+                Some(&at) if replace => {
+                    batch.bytes += bytes;
+                    batch.rows[at] = row.values;
+                    batch.last_txn = row.txn;
+                    return None;
+                }
+                Some(_) => None,
+                None => Some(batch),
+            },
+            (current, _) => current,
+        };
+        let batch = match fits {
+            Some(batch) => batch,
+            None => {
+                queue.batches.push(Batch {
+                    map: map.clone(),
+                    kind,
+                    rows: Vec::new(),
+                    keys: HashMap::new(),
+                    bytes: 0,
+                    last_txn: row.txn.clone(),
+                });
+                queue.batches.last_mut()?
+            }
+        };
+        if let Some(key) = row.key {
+            batch.keys.insert(key, batch.rows.len());
+        }
+        batch.rows.push(row.values);
+        batch.bytes += bytes;
+        batch.last_txn = row.txn;
+        let full = batch.rows.len() >= MAX_BATCH_ROWS || batch.bytes >= MAX_BATCH_BYTES;
+        full.then(|| std::mem::take(&mut self.tables[index].batches))
+    }
+
+    /// Every batch waiting, table by table, each table's in order.
+    pub fn take_all(&mut self) -> Vec<Batch> {
+        self.by_table.clear();
+        self.tables.drain(..).flat_map(|t| t.batches).collect()
+    }
+}

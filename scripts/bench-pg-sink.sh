@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# The postgres sink against PostgreSQL's own logical replication, on one
+# machine, in one run, into the same subscriber cluster:
+#
+# * initial sync of pgbench scale 10 (1,000,000-row pgbench_accounts):
+#   CREATE SUBSCRIPTION's table sync vs walbridge's copy, until the target
+#   holds every row;
+# * catch-up: 20,000 TPC-B transactions (4 clients) made while replication
+#   is paused (subscription disabled, walbridge stopped), then the time
+#   until a marker committed last is on the subscriber — for the native
+#   subscription and for walbridge — and the time pg_recvlogical takes to
+#   decode the same WAL from a slot created at the same point: the
+#   walsender's ceiling, which no client of one slot can pass.
+#
+#   scripts/bench-pg-sink.sh
+#   TRANSACTIONS=50000 ROUNDS=5 scripts/bench-pg-sink.sh
+set -euo pipefail
+source "$(dirname "$0")/bench-common.sh"
+transactions=${TRANSACTIONS:-20000}
+rounds=${ROUNDS:-3}
+clients=4
+
+build_walbridge
+start_postgres "max_wal_senders = 20" "max_replication_slots = 20"
+start_second_postgres "max_wal_size = 8GB" "shared_buffers = 512MB" "max_logical_replication_workers = 8"
+sub() { local db=$1; shift; psql -X -q -A -t -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port2" -U postgres -d "$db" "$@"; }
+now() { date +%s.%N; }
+elapsed() { python3 -c "print(f'{$(now) - $1:.3f}')"; }
+
+psql_db postgres -c "CREATE DATABASE bench" >/dev/null
+pgbench -q -i -s 10 -h 127.0.0.1 -p "$port" -U postgres bench >/dev/null 2>&1
+psql_db bench -c "CREATE TABLE bench_marker (round int PRIMARY KEY)" >/dev/null
+psql_db bench -c "CREATE PUBLICATION bench_pub FOR TABLE pgbench_accounts, pgbench_branches, pgbench_tellers, pgbench_history, bench_marker" >/dev/null
+schema=$(pg_dump --schema-only --no-publications -h 127.0.0.1 -p "$port" -U postgres bench)
+for db in native wb; do
+  sub postgres -c "CREATE DATABASE $db" >/dev/null
+  sub "$db" <<<"$schema" >/dev/null
+done
+
+# Initial sync.
+start=$(now)
+sub native -c "CREATE SUBSCRIPTION native_sub CONNECTION 'host=127.0.0.1 port=$port dbname=bench user=postgres' PUBLICATION bench_pub" >/dev/null 2>&1
+until [ "$(sub native -c "SELECT count(*) FILTER (WHERE srsubstate <> 'r') = 0 AND count(*) = 5 FROM pg_subscription_rel")" = t ]; do sleep 0.02; done
+native_sync=$(elapsed "$start")
+
+mkdir -p "$work/wb"
+cat > "$work/wb/config.toml" <<CONF
+data_dir = "$work/wb/data"
+[[source]]
+name = "bench"
+connection = "host=127.0.0.1 port=$port dbname=bench user=postgres sslmode=disable"
+publications = ["bench_pub"]
+[[sink]]
+name = "replica"
+type = "postgres"
+connection = "host=127.0.0.1 port=$port2 dbname=wb user=postgres sslmode=disable"
+CONF
+applied_lsn() { sub wb -c "SELECT coalesce((SELECT remote_lsn::text FROM pg_replication_origin_status s JOIN pg_replication_origin o ON o.roident = s.local_id WHERE o.roname = 'walbridge_replica_bench' AND s.remote_lsn > '0/0'), '')"; }
+start_walbridge() { "$bin" run -c "$work/wb/config.toml" 2>>"$work/wb/stderr.log" & wb_pid=$!; }
+stop_walbridge() { kill -TERM "$wb_pid"; wait "$wb_pid" || true; wb_pid=; }
+start=$(now)
+start_walbridge
+# The copy is one target transaction: its position appears when all of it is in.
+until [ -n "$(applied_lsn)" ]; do
+  kill -0 "$wb_pid" 2>/dev/null || { cat "$work/wb/stderr.log" >&2; exit 1; }
+  sleep 0.02
+done
+wb_sync=$(elapsed "$start")
+accounts=$(sub wb -c "SELECT count(*) FROM pgbench_accounts")
+[ "$accounts" = 1000000 ] || { echo "walbridge copied $accounts rows, not 1000000" >&2; cat "$work/wb/stderr.log" >&2; exit 1; }
+echo "initial sync of 1,000,000 pgbench_accounts rows: native ${native_sync}s, walbridge ${wb_sync}s"
+
+results=()
+for round in $(seq 1 "$rounds"); do
+  # Pause both; a third slot for pg_recvlogical at the same point.
+  sub native -c "ALTER SUBSCRIPTION native_sub DISABLE" >/dev/null
+  stop_walbridge
+  until [ "$(psql_db bench -c "SELECT count(*) FROM pg_stat_replication")" = 0 ]; do sleep 0.02; done
+  psql_db bench -c "SELECT pg_create_logical_replication_slot('recv_slot', 'pgoutput')" >/dev/null
+  pgbench -n -c $clients -j 2 -t $((transactions / clients)) -h 127.0.0.1 -p "$port" -U postgres bench >/dev/null
+  psql_db bench -c "INSERT INTO bench_marker VALUES ($round)" >/dev/null
+  end=$(psql_db bench -c "SELECT pg_current_wal_lsn()")
+
+  start=$(now)
+  pg_recvlogical -h 127.0.0.1 -p "$port" -U postgres -d bench -S recv_slot --start -E "$end" \
+    -o proto_version=1 -o publication_names=bench_pub -f /dev/null
+  recv=$(elapsed "$start")
+  psql_db bench -c "SELECT pg_drop_replication_slot('recv_slot')" >/dev/null
+
+  start=$(now)
+  sub native -c "ALTER SUBSCRIPTION native_sub ENABLE" >/dev/null
+  until [ "$(sub native -c "SELECT count(*) FROM bench_marker WHERE round = $round")" = 1 ]; do sleep 0.01; done
+  native=$(elapsed "$start")
+
+  start=$(now)
+  start_walbridge
+  until [ "$(sub wb -c "SELECT count(*) FROM bench_marker WHERE round = $round")" = 1 ]; do
+    kill -0 "$wb_pid" 2>/dev/null || { cat "$work/wb/stderr.log" >&2; exit 1; }
+    sleep 0.01
+  done
+  wb=$(elapsed "$start")
+  echo "round $round: $transactions transactions: pg_recvlogical ${recv}s, native ${native}s, walbridge ${wb}s"
+  results+=("$recv $native $wb")
+done
+rss=$(awk '/VmHWM/ {print $2}' "/proc/$wb_pid/status")
+stop_walbridge
+
+# Same data on both subscribers.
+for table in pgbench_accounts pgbench_branches pgbench_tellers pgbench_history; do
+  q="SELECT count(*) || ':' || md5(string_agg(t::text, '|' ORDER BY t::text)) FROM $table t"
+  [ "$(sub native -c "$q")" = "$(sub wb -c "$q")" ] || { echo "bench-pg-sink: $table differs between the subscribers" >&2; exit 1; }
+done
+
+python3 - "$transactions" "$native_sync" "$wb_sync" "$rss" "${results[@]}" <<'PY'
+import statistics, sys
+n, native_sync, wb_sync, rss = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+rounds = [tuple(map(float, r.split())) for r in sys.argv[5:]]
+recv, native, wb = (statistics.median(r[i] for r in rounds) for i in range(3))
+print(f"catch-up, median of {len(rounds)} rounds of {n} TPC-B transactions:")
+print(f"  pg_recvlogical (ceiling): {recv:6.2f} s {n / recv:8.0f} transactions/s")
+print(f"  native subscription:      {native:6.2f} s {n / native:8.0f} transactions/s  ({100 * recv / native:.0f}% of the ceiling)")
+print(f"  walbridge postgres sink:  {wb:6.2f} s {n / wb:8.0f} transactions/s  ({100 * recv / wb:.0f}% of the ceiling, {native / wb:.2f}x native, peak RSS {rss / 1024:.0f} MB)")
+print(f"initial sync: native {native_sync:.2f} s, walbridge {wb_sync:.2f} s ({native_sync / wb_sync:.2f}x native)")
+PY
