@@ -44,11 +44,11 @@ use walbridge_core::{
 use walbridge_log::{LogPosition, Routed, SourceContext};
 use walbridge_pg::describe_pg_error;
 
+use crate::batch::{Batch, BatchKind, BatchRow, Batcher, InsertMode, batch_sql, bound_columns};
 use crate::config::{OnConflict, PostgresSinkConfig};
 use crate::copy::encode_row;
 use crate::error::{SinkError, StoppedOn};
-use crate::inflight::{Failed, InFlight, Outcome};
-use crate::batch::{Batch, BatchKind, BatchRow, Batcher, InsertMode, batch_sql, bound_columns};
+use crate::inflight::{Failed, InFlight, Outcome, Reply};
 use crate::mapping::{BinaryForm, Mapper, TableMap};
 use crate::progress::ProgressStore;
 use crate::state::SinkState;
@@ -80,6 +80,10 @@ enum Purpose {
         txn: Arc<TransactionInfo>,
         tables: String,
     },
+    /// The COMMIT of a group.
+    Commit(Box<Committed>),
+    /// The target's WAL positions read right after a COMMIT.
+    WalPosition(LogPosition),
     /// A batch of changes of one table.
     Batch {
         map: Arc<TableMap>,
@@ -104,7 +108,16 @@ struct Prepared {
     binds: Arc<[(bool, usize)]>,
 }
 
-/// Changes that found nothing to change, in the current group.
+/// A group whose COMMIT was sent.
+struct Committed {
+    position: LogPosition,
+    transactions: u64,
+    changes: usize,
+    started: Option<Instant>,
+    isolated: bool,
+}
+
+/// Changes that found nothing to change, since the last COMMIT's result.
 #[derive(Default)]
 struct Misses {
     updates: u64,
@@ -128,7 +141,6 @@ struct Group {
     commit_time: PgTimestamp,
     /// The group holds the transaction the sink stopped on, alone.
     isolated: bool,
-    misses: Misses,
 }
 
 /// Snapshot rows being copied into one table.
@@ -157,7 +169,7 @@ fn simple(client: &Arc<Client>, sql: String) -> impl Future<Output = Outcome> + 
         client
             .batch_execute(&sql)
             .await
-            .map(|()| 0)
+            .map(|()| Reply::Rows(0))
             .map_err(|error| Failed {
                 error,
                 params: Vec::new(),
@@ -201,6 +213,18 @@ fn null_columns(row: &Row) -> ColumnSet {
             .map(|(i, _)| i as u16)
             .collect()
     })
+}
+
+/// The target's WAL write (insert) and flush positions.
+async fn wal_positions(client: &Client) -> Result<(Lsn, Lsn), tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT pg_current_wal_insert_lsn()::text, pg_current_wal_flush_lsn()::text",
+            &[],
+        )
+        .await?;
+    let parse = |i: usize| row.get::<_, String>(i).parse::<Lsn>().unwrap_or(Lsn::ZERO);
+    Ok((parse(0), parse(1)))
 }
 
 /// True when every value is text or NULL (batches carry text only).
@@ -260,6 +284,10 @@ pub struct Applier {
     isolate: Option<StoppedOn>,
     /// Committed positions waiting for the target's WAL flush.
     unflushed: VecDeque<(Lsn, LogPosition)>,
+    /// COMMITs sent whose result has not been taken.
+    commits_in_flight: usize,
+    /// Changes that found nothing to change, since the last COMMIT's result.
+    misses: Misses,
     totals: Totals,
     last_log: Instant,
 }
@@ -308,6 +336,8 @@ impl Applier {
             copied: HashSet::new(),
             isolate,
             unflushed: VecDeque::new(),
+            commits_in_flight: 0,
+            misses: Misses::default(),
             totals: Totals::default(),
             last_log: Instant::now(),
         })
@@ -321,8 +351,9 @@ impl Applier {
                 Ok(routed) => routed,
                 Err(mpsc::error::TryRecvError::Disconnected) => break,
                 Err(mpsc::error::TryRecvError::Empty) => {
-                    // Nothing more right now: commit what is applied.
+                    // Nothing more right now: commit what is applied and take the results.
                     self.commit().await?;
+                    self.drain().await?;
                     let next = loop {
                         tokio::select! {
                             next = input.recv() => break next,
@@ -340,6 +371,7 @@ impl Applier {
             self.apply(routed).await?;
         }
         self.commit().await?;
+        self.drain().await?;
         self.flush_all().await?;
         self.log_totals();
         Ok(())
@@ -419,7 +451,11 @@ impl Applier {
                 let map = self.map(&relation).await?;
                 let (shape, kind, mode) = match self.config.on_conflict {
                     OnConflict::Error => (Shape::Insert, ChangeKind::Insert, InsertMode::Plain),
-                    OnConflict::Skip => (Shape::InsertOrSkip, ChangeKind::InsertOrSkip, InsertMode::OrSkip),
+                    OnConflict::Skip => (
+                        Shape::InsertOrSkip,
+                        ChangeKind::InsertOrSkip,
+                        InsertMode::OrSkip,
+                    ),
                     OnConflict::Upsert => (Shape::Upsert, ChangeKind::Insert, InsertMode::Upsert),
                 };
                 self.group.bytes += row_bytes(&new);
@@ -451,8 +487,15 @@ impl Applier {
                     return self.batch(&map, kind, Some(key), &new, txn, true).await;
                 }
                 let (find, old) = self.find(&map, old.as_ref(), &new)?;
-                self.execute(&txn, &map, Shape::Update { set, find }, ChangeKind::Update, &new, Some(old))
-                    .await
+                self.execute(
+                    &txn,
+                    &map,
+                    Shape::Update { set, find },
+                    ChangeKind::Update,
+                    &new,
+                    Some(old),
+                )
+                .await
             }
             Change::Delete { relation, old, .. } => {
                 let map = self.map(&relation).await?;
@@ -460,14 +503,26 @@ impl Applier {
                 if self.batchable(&map, &txn)
                     && !map.full_identity
                     && !map.identity.is_empty()
-                    && map.identity.iter().all(|&i| matches!(old.row.get(i), Some(Datum::Text(_))))
+                    && map
+                        .identity
+                        .iter()
+                        .all(|&i| matches!(old.row.get(i), Some(Datum::Text(_))))
                 {
                     let key = key_of(&map, &old.row);
-                    return self.batch(&map, BatchKind::Delete, Some(key), &old.row, txn, false).await;
+                    return self
+                        .batch(&map, BatchKind::Delete, Some(key), &old.row, txn, false)
+                        .await;
                 }
                 let (find, old) = self.find(&map, Some(&old), &old.row)?;
-                self.execute(&txn, &map, Shape::Delete { find }, ChangeKind::Delete, old, Some(old))
-                    .await
+                self.execute(
+                    &txn,
+                    &map,
+                    Shape::Delete { find },
+                    ChangeKind::Delete,
+                    old,
+                    Some(old),
+                )
+                .await
             }
             Change::Truncate(truncate) => {
                 self.send_batches_all().await?;
@@ -483,7 +538,9 @@ impl Applier {
     fn batchable(&self, map: &TableMap, txn: &TransactionInfo) -> bool {
         !map.target.has_apply_triggers
             && !self.group.isolated
-            && self.one_by_one_until.is_none_or(|until| txn.end_lsn > until)
+            && self
+                .one_by_one_until
+                .is_none_or(|until| txn.end_lsn > until)
     }
 
     /// Adds a row to its table's batches, sending them when full.
@@ -530,7 +587,7 @@ impl Applier {
             let client = self.client.clone();
             let request = async move {
                 match client.execute_raw(&statement, params.iter()).await {
-                    Ok(rows) => Ok(rows),
+                    Ok(rows) => Ok(Reply::Rows(rows)),
                     Err(error) => Err(Failed { error, params }),
                 }
             };
@@ -539,7 +596,11 @@ impl Applier {
         Ok(())
     }
 
-    async fn batch_statement(&mut self, map: &Arc<TableMap>, kind: &BatchKind) -> Result<Statement, SinkError> {
+    async fn batch_statement(
+        &mut self,
+        map: &Arc<TableMap>,
+        kind: &BatchKind,
+    ) -> Result<Statement, SinkError> {
         let key = (map.id, kind.clone());
         if let Some(s) = self.batch_statements.get(&key) {
             return Ok(s.clone());
@@ -553,7 +614,10 @@ impl Applier {
             Err(e) => {
                 self.drain().await?;
                 Err(SinkError::Target {
-                    what: format!("preparing `{text}` for target table {}", map.target.display()),
+                    what: format!(
+                        "preparing `{text}` for target table {}",
+                        map.target.display()
+                    ),
                     source: e,
                 })
             }
@@ -672,7 +736,7 @@ impl Applier {
         let statement = prepared.statement;
         let request = async move {
             match client.execute_raw(&statement, params.iter()).await {
-                Ok(rows) => Ok(rows),
+                Ok(rows) => Ok(Reply::Rows(rows)),
                 Err(error) => Err(Failed { error, params }),
             }
         };
@@ -697,20 +761,19 @@ impl Applier {
         };
         savepoint("SAVEPOINT walbridge_change").await?;
         match request.await {
-            Ok(rows) => {
-                self.count(&purpose, rows);
+            Ok(reply) => {
+                self.completed(purpose, reply);
                 savepoint("RELEASE SAVEPOINT walbridge_change").await
             }
             Err(f) if f.error.code().is_some_and(|c| c.code().starts_with("23")) => {
                 savepoint("ROLLBACK TO SAVEPOINT walbridge_change").await?;
                 if let Purpose::Change { map, .. } = &purpose {
                     tracing::warn!(sink = %self.sink, source = %self.source.name, table = %map.target.display(), "skipped a conflicting change (on_conflict = \"skip\"): {}", describe_pg_error(&f.error));
-                    self.group
-                        .misses
+                    self.misses
                         .example
                         .get_or_insert_with(|| map.target.display());
                 }
-                self.group.misses.skipped_conflicts += 1;
+                self.misses.skipped_conflicts += 1;
                 Ok(())
             }
             Err(f) => Err(self.failure(purpose, f).await),
@@ -735,8 +798,8 @@ impl Applier {
             return Ok(false);
         };
         match outcome {
-            Ok(rows) => {
-                self.count(&purpose, rows);
+            Ok(reply) => {
+                self.completed(purpose, reply);
                 Ok(true)
             }
             Err(f) => Err(self.failure(purpose, f).await),
@@ -748,42 +811,49 @@ impl Applier {
         Ok(())
     }
 
-    fn count(&mut self, purpose: &Purpose, rows: u64) {
-        if let Purpose::Batch {
-            map,
-            kind,
-            rows: sent,
-            ..
-        } = purpose
-        {
-            let missed = (*sent as u64).saturating_sub(rows);
-            if missed == 0 {
-                return;
+    /// Takes in what a request returned.
+    fn completed(&mut self, purpose: Purpose, reply: Reply) {
+        let rows = match (purpose, reply) {
+            (Purpose::Commit(committed), _) => return self.committed(*committed),
+            (Purpose::WalPosition(position), Reply::Wal { written, flushed }) => {
+                self.unflushed.push_back((written, position));
+                return self.acknowledge_flushed(flushed);
             }
-            let misses = &mut self.group.misses;
-            match kind {
-                BatchKind::Update { .. } => misses.updates += missed,
-                BatchKind::Delete => misses.deletes += missed,
-                BatchKind::Insert(InsertMode::OrSkip) => misses.skipped_conflicts += missed,
-                BatchKind::Insert(_) => return,
-            }
-            misses.example.get_or_insert_with(|| map.target.display());
-            return;
-        }
-        let Purpose::Change { map, kind, .. } = purpose else {
-            return;
+            (purpose, Reply::Rows(rows)) => (purpose, rows),
+            (_, Reply::Wal { .. }) => return,
         };
-        if rows > 0 {
-            return;
+        let (purpose, rows) = rows;
+        let misses = &mut self.misses;
+        let (map, missed) = match &purpose {
+            Purpose::Batch {
+                map,
+                kind,
+                rows: sent,
+                ..
+            } => {
+                let missed = (*sent as u64).saturating_sub(rows);
+                match kind {
+                    BatchKind::Update { .. } => misses.updates += missed,
+                    BatchKind::Delete => misses.deletes += missed,
+                    BatchKind::Insert(InsertMode::OrSkip) => misses.skipped_conflicts += missed,
+                    BatchKind::Insert(_) => return,
+                }
+                (map, missed)
+            }
+            Purpose::Change { map, kind, .. } if rows == 0 => {
+                match kind {
+                    ChangeKind::Update => misses.updates += 1,
+                    ChangeKind::Delete => misses.deletes += 1,
+                    ChangeKind::InsertOrSkip => misses.skipped_conflicts += 1,
+                    ChangeKind::Insert => return,
+                }
+                (map, 1)
+            }
+            _ => return,
+        };
+        if missed > 0 {
+            misses.example.get_or_insert_with(|| map.target.display());
         }
-        let misses = &mut self.group.misses;
-        match kind {
-            ChangeKind::Update => misses.updates += 1,
-            ChangeKind::Delete => misses.deletes += 1,
-            ChangeKind::InsertOrSkip => misses.skipped_conflicts += 1,
-            ChangeKind::Insert => return,
-        }
-        misses.example.get_or_insert_with(|| map.target.display());
     }
 
     /// Records (durably) that the sink stops on `txn` because of `error`.
@@ -807,6 +877,12 @@ impl Applier {
             Purpose::Control(what) => {
                 return SinkError::Target {
                     what: (*what).to_owned(),
+                    source: failed.error,
+                };
+            }
+            Purpose::Commit(_) | Purpose::WalPosition(_) => {
+                return SinkError::Target {
+                    what: "committing".to_owned(),
                     source: failed.error,
                 };
             }
@@ -873,7 +949,11 @@ impl Applier {
                     stopped,
                 }
             }
-            Purpose::Change { .. } | Purpose::Control(_) | Purpose::Batch { .. } => SinkError::Apply {
+            Purpose::Change { .. }
+            | Purpose::Control(_)
+            | Purpose::Commit(_)
+            | Purpose::WalPosition(_)
+            | Purpose::Batch { .. } => SinkError::Apply {
                 table,
                 message: describe_pg_error(&failed.error),
                 stopped,
@@ -1114,14 +1194,55 @@ impl Applier {
             simple(&self.client, record),
         )
         .await?;
+        // A group's COMMIT goes only once the previous one succeeded: were
+        // it to fail, this group must not commit a position beyond it.
+        while self.commits_in_flight > 0 {
+            self.take_one().await?;
+        }
+        let group = std::mem::take(&mut self.group);
+        let committed = Committed {
+            position,
+            transactions: group.transactions,
+            changes: group.changes,
+            started: group.started,
+            isolated: group.isolated,
+        };
         self.send(
-            Purpose::Control("COMMIT"),
+            Purpose::Commit(Box::new(committed)),
             simple(&self.client, "COMMIT".into()),
         )
         .await?;
-        self.drain().await?;
-        let group = std::mem::take(&mut self.group);
-        self.report(&group);
+        self.commits_in_flight += 1;
+        if self.config.synchronous_commit == crate::config::SynchronousCommit::Off {
+            let client = self.client.clone();
+            let request = async move {
+                match wal_positions(&client).await {
+                    Ok((written, flushed)) => Ok(Reply::Wal { written, flushed }),
+                    Err(error) => Err(Failed {
+                        error,
+                        params: Vec::new(),
+                    }),
+                }
+            };
+            self.send(Purpose::WalPosition(position), request).await?;
+        }
+        Ok(())
+    }
+
+    /// A group's COMMIT succeeded (everything before it did too).
+    fn committed(&mut self, committed: Committed) {
+        self.commits_in_flight = self.commits_in_flight.saturating_sub(1);
+        let position = committed.position;
+        tracing::debug!(
+            sink = %self.sink,
+            source = %self.source.name,
+            transactions = committed.transactions,
+            changes = committed.changes,
+            open_for = ?committed.started.map(|t| t.elapsed()),
+            position = %position.lsn,
+            "committed"
+        );
+        self.report(&committed);
         if self
             .one_by_one_until
             .is_some_and(|until| position.lsn >= until)
@@ -1129,25 +1250,20 @@ impl Applier {
             self.one_by_one_until = None;
             self.state.set_one_by_one_until(&self.source.name, None);
         }
-        if group.isolated {
+        if committed.isolated {
             self.state.clear_stopped(&self.source.name);
             self.isolate = None;
             tracing::info!(sink = %self.sink, source = %self.source.name, "the transaction the sink stopped on is applied; going on");
         }
-        if self.config.synchronous_commit == crate::config::SynchronousCommit::Off {
-            let (written, flushed) = self.wal_positions().await?;
-            self.unflushed.push_back((written, position));
-            self.acknowledge_flushed(flushed);
-        } else {
+        if self.config.synchronous_commit != crate::config::SynchronousCommit::Off {
             self.acknowledge(position);
         }
-        Ok(())
     }
 
-    fn report(&mut self, group: &Group) {
-        self.totals.transactions += group.transactions;
-        self.totals.changes += group.changes as u64;
-        let misses = &group.misses;
+    fn report(&mut self, committed: &Committed) {
+        self.totals.transactions += committed.transactions;
+        self.totals.changes += committed.changes as u64;
+        let misses = std::mem::take(&mut self.misses);
         self.totals.update_missing += misses.updates;
         self.totals.delete_missing += misses.deletes;
         self.totals.skipped_conflicts += misses.skipped_conflicts;
@@ -1196,22 +1312,10 @@ impl Applier {
         self.last_log = Instant::now();
     }
 
-    /// The target's WAL write (insert) and flush positions.
-    async fn wal_positions(&mut self) -> Result<(Lsn, Lsn), SinkError> {
-        let row = self
-            .client
-            .query_one(
-                "SELECT pg_current_wal_insert_lsn()::text, pg_current_wal_flush_lsn()::text",
-                &[],
-            )
+    async fn check_flushed(&mut self) -> Result<(), SinkError> {
+        let (_, flushed) = wal_positions(&self.client)
             .await
             .map_err(failed("reading the target's WAL position"))?;
-        let parse = |i: usize| row.get::<_, String>(i).parse::<Lsn>().unwrap_or(Lsn::ZERO);
-        Ok((parse(0), parse(1)))
-    }
-
-    async fn check_flushed(&mut self) -> Result<(), SinkError> {
-        let (_, flushed) = self.wal_positions().await?;
         self.acknowledge_flushed(flushed);
         Ok(())
     }

@@ -155,7 +155,10 @@ pub fn batch_sql(map: &TableMap, kind: &BatchKind) -> String {
                 key_conditions(written)
             )
         }
-        BatchKind::Delete => format!("DELETE FROM {table} AS x USING {from} WHERE {}", key_conditions(0)),
+        BatchKind::Delete => format!(
+            "DELETE FROM {table} AS x USING {from} WHERE {}",
+            key_conditions(0)
+        ),
     }
 }
 

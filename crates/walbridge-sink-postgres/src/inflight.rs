@@ -21,8 +21,22 @@ pub struct Failed {
     pub params: Vec<Param>,
 }
 
-/// The rows a statement affected, or why it failed.
-pub type Outcome = Result<u64, Failed>;
+/// What a request returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// The rows a statement affected.
+    Rows(u64),
+    /// The target's WAL positions after a commit: written (inserted) and flushed.
+    Wal {
+        /// `pg_current_wal_insert_lsn()`.
+        written: walbridge_core::Lsn,
+        /// `pg_current_wal_flush_lsn()`.
+        flushed: walbridge_core::Lsn,
+    },
+}
+
+/// What a request returned, or why it failed.
+pub type Outcome = Result<Reply, Failed>;
 
 type Pending = Pin<Box<dyn Future<Output = Outcome> + Send>>;
 

@@ -121,6 +121,10 @@ enum CopyOutcome {
 /// The shortest time between two status updates sent because downstream progressed.
 const STATUS_GAP: Duration = Duration::from_millis(10);
 
+/// Messages taken from the connection's buffer in one go before the stream
+/// loop looks at its other duties (status updates, shutdown) again.
+const BURST: usize = 512;
+
 /// Changes per batch handed downstream; a large transaction goes in several.
 const MAX_BATCH: usize = 256;
 
@@ -678,67 +682,31 @@ impl Source {
             if *shutdown.borrow_and_update() {
                 return self.finish(conn, flushed, assembler, positions).await;
             }
-            tokio::select! {
+            let burst = tokio::select! {
                 biased;
                 _ = shutdown.changed() => {
                     return self.finish(conn, flushed, assembler, positions).await;
                 }
-                message = conn.recv_copy() => {
-                    let data = match message.map_err(|e| self.err(e))? {
-                        CopyMessage::Data(d) => d,
-                        CopyMessage::Done => return Err(self.err(ConnectionError::Closed)),
-                    };
-                    match ServerMessage::parse(data).map_err(|e| SourceError::CopyBoth(name.clone(), e))? {
-                        ServerMessage::Keepalive { wal_end, reply_requested, .. } => {
-                            positions.keepalive_end = positions.keepalive_end.max(wal_end);
-                            positions.received = positions.received.max(wal_end);
-                            if reply_requested {
-                                let acked = *flushed.borrow();
-                                self.send_status(&mut conn, positions, acked, assembler).await?;
-                            }
-                        }
-                        ServerMessage::XLogData { wal_start, data, .. } => {
-                            positions.received = positions.received.max(wal_start);
-                            self.stats.received.store(positions.received.0, std::sync::atomic::Ordering::Relaxed);
-                            let message = decoder.decode(data).map_err(|e| SourceError::Decode(name.clone(), e))?;
-                            let assembled = match message {
-                                Message::Relation { xid, body } => {
-                                    let relation = types.describe(&client, body).await.map_err(|e| SourceError::Catalog(name.clone(), e))?;
-                                    assembler.set_relation(relation, xid).map_err(|e| SourceError::Assembly(name.clone(), e))?;
-                                    Assembled::Nothing
-                                }
-                                other => assembler.push(wal_start, other).map_err(|e| SourceError::Assembly(name.clone(), e))?,
-                            };
-                            match assembled {
-                                Assembled::Nothing => {}
-                                Assembled::Message(m) => {
-                                    // Downstream records a message just past its LSN.
-                                    let end = Lsn(m.lsn.0.saturating_add(1));
-                                    if m.prefix != HEARTBEAT_PREFIX && end > positions.last_emitted_end {
-                                        self.deliver(&mut conn, events, flushed, assembler, positions, vec![SourceEvent::Message(m)]).await?;
-                                        positions.last_emitted_end = end;
-                                    }
-                                }
-                                Assembled::Committed(txn) => self.emit(&mut conn, events, flushed, assembler, positions, txn).await?,
-                            }
-                        }
-                    }
-                }
+                message = conn.recv_copy() => Some(message),
                 _ = flushed.changed() => {
                     status_due.get_or_insert(last_status + STATUS_GAP);
+                    None
                 }
                 Ok(()) = applied.changed() => {
                     status_due.get_or_insert(last_status + STATUS_GAP);
+                    None
                 }
                 _ = tokio::time::sleep_until(status_due.unwrap_or(last_status)), if status_due.is_some() => {
                     status_due = None;
                     last_status = tokio::time::Instant::now();
                     let acked = *flushed.borrow();
                     self.send_status(&mut conn, positions, acked, assembler).await?;
+                    None
                 }
                 _ = ticker.tick() => {
                     let acked = *flushed.borrow();
                     self.send_status(&mut conn, positions, acked, assembler).await?;
+                    None
                 }
                 _ = async {
                     match heartbeat.as_mut() {
@@ -751,7 +719,91 @@ impl Source {
                         tracing::warn!(source = %name, "heartbeat failed: {}; heartbeats are off until the next reconnect", crate::wire::describe_pg_error(&e));
                         heartbeat = None;
                     }
+                    None
                 }
+            };
+            // Take every message already received before going back to the
+            // select: one wake-up per burst, not per message.
+            let mut next = burst;
+            let mut taken = 0;
+            while let Some(message) = next {
+                let data = match message.map_err(|e| self.err(e))? {
+                    CopyMessage::Data(d) => d,
+                    CopyMessage::Done => return Err(self.err(ConnectionError::Closed)),
+                };
+                match ServerMessage::parse(data)
+                    .map_err(|e| SourceError::CopyBoth(name.clone(), e))?
+                {
+                    ServerMessage::Keepalive {
+                        wal_end,
+                        reply_requested,
+                        ..
+                    } => {
+                        positions.keepalive_end = positions.keepalive_end.max(wal_end);
+                        positions.received = positions.received.max(wal_end);
+                        if reply_requested {
+                            let acked = *flushed.borrow();
+                            self.send_status(&mut conn, positions, acked, assembler)
+                                .await?;
+                        }
+                    }
+                    ServerMessage::XLogData {
+                        wal_start, data, ..
+                    } => {
+                        positions.received = positions.received.max(wal_start);
+                        self.stats
+                            .received
+                            .store(positions.received.0, std::sync::atomic::Ordering::Relaxed);
+                        let message = decoder
+                            .decode(data)
+                            .map_err(|e| SourceError::Decode(name.clone(), e))?;
+                        let assembled = match message {
+                            Message::Relation { xid, body } => {
+                                let relation = types
+                                    .describe(&client, body)
+                                    .await
+                                    .map_err(|e| SourceError::Catalog(name.clone(), e))?;
+                                assembler
+                                    .set_relation(relation, xid)
+                                    .map_err(|e| SourceError::Assembly(name.clone(), e))?;
+                                Assembled::Nothing
+                            }
+                            other => assembler
+                                .push(wal_start, other)
+                                .map_err(|e| SourceError::Assembly(name.clone(), e))?,
+                        };
+                        match assembled {
+                            Assembled::Nothing => {}
+                            Assembled::Message(m) => {
+                                // Downstream records a message just past its LSN.
+                                let end = Lsn(m.lsn.0.saturating_add(1));
+                                if m.prefix != HEARTBEAT_PREFIX && end > positions.last_emitted_end
+                                {
+                                    self.deliver(
+                                        &mut conn,
+                                        events,
+                                        flushed,
+                                        assembler,
+                                        positions,
+                                        vec![SourceEvent::Message(m)],
+                                    )
+                                    .await?;
+                                    positions.last_emitted_end = end;
+                                }
+                            }
+                            Assembled::Committed(txn) => {
+                                self.emit(&mut conn, events, flushed, assembler, positions, txn)
+                                    .await?
+                            }
+                        }
+                    }
+                }
+                taken += 1;
+                next = if taken < BURST {
+                    conn.try_recv_copy().map_err(|e| self.err(e))?.map(Ok)
+                } else {
+                    None
+                };
             }
         }
     }

@@ -461,10 +461,28 @@ impl ReplicationConnection {
     /// Reads the next CopyBoth message. Cancel-safe.
     pub async fn recv_copy(&mut self) -> Result<CopyMessage, ConnectionError> {
         loop {
-            match self.recv().await? {
-                BackendMessage::CopyData(data) => return Ok(CopyMessage::Data(data)),
+            if let Some(message) = self.try_recv_copy()? {
+                return Ok(message);
+            }
+            if self.io.read_buf(&mut self.read_buf).await? == 0 {
+                return Err(ConnectionError::Closed);
+            }
+        }
+    }
+
+    /// The next CopyBoth message if it has already been received whole,
+    /// without waiting: lets a caller take a burst of messages in one go.
+    pub fn try_recv_copy(&mut self) -> Result<Option<CopyMessage>, ConnectionError> {
+        while let Some(message) = codec::decode(&mut self.read_buf)? {
+            match message {
+                // A buffer of its own: datums sliced from it keep their reference
+                // count away from the rest of the read buffer's, which other
+                // threads drop.
+                BackendMessage::CopyData(data) => {
+                    return Ok(Some(CopyMessage::Data(Bytes::copy_from_slice(&data))));
+                }
                 BackendMessage::CopyDone | BackendMessage::CommandComplete(_) => {
-                    return Ok(CopyMessage::Done);
+                    return Ok(Some(CopyMessage::Done));
                 }
                 BackendMessage::ErrorResponse(e) => {
                     return Err(ConnectionError::Server(Box::new(e)));
@@ -475,6 +493,7 @@ impl ReplicationConnection {
                 _ => {}
             }
         }
+        Ok(None)
     }
 
     /// Sends one CopyData message and flushes it.
