@@ -195,7 +195,9 @@ fn a_published_column_missing_on_the_target_stops_the_sink_until_added() {
     }
     let log = r.wb.log();
     assert!(
-        log.contains("target table public.t has no column \"score\" (numeric on the publisher"),
+        log.contains(
+            "target table public.t has no column \"score\" (numeric(6,2) on the publisher"
+        ),
         "{log}"
     );
     assert_eq!(r.subscriber.psql("SELECT count(*) FROM t"), "1");
@@ -1045,4 +1047,41 @@ fn from_postgres_14_into_17() {
 #[test]
 fn from_postgres_17_into_15() {
     across_versions(17, 15);
+}
+
+#[test]
+fn a_value_the_target_cannot_hold_names_column_and_types() {
+    let r = Replication::new("SELECT 1");
+    let (p, s) = (&r.publisher, &r.subscriber);
+    p.psql("CREATE TABLE t (id int PRIMARY KEY, code varchar(10), n int)");
+    s.psql("CREATE TABLE t (id int PRIMARY KEY, code varchar(3), n int)");
+    p.psql("CREATE PUBLICATION pub FOR TABLE t");
+    r.configure(&["pub"], "", "");
+    let running = r.start();
+    p.wait_for_streaming(WAIT);
+    p.psql("INSERT INTO t VALUES (1, 'abc', 1)");
+    r.wait_subscriber("SELECT count(*) FROM t", "1");
+    // Batched with others first; the failing batch is redone row by row.
+    let xid = p.psql("BEGIN; INSERT INTO t VALUES (2, 'ok', 2); INSERT INTO t VALUES (3, 'too long', 3); SELECT txid_current(); COMMIT");
+    p.psql("INSERT INTO t VALUES (4, 'yes', 4)");
+    let log = wait_for_log(&r.wb, "value does not fit the target");
+    let line = log
+        .lines()
+        .find(|l| l.contains("value does not fit the target"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("column \"code\" of target table public.t is character varying(3) (the publisher's is varchar(10))")
+            && line.contains("value too long for type character varying(3)")
+            && line.contains(&format!("stopped on transaction {xid} of source `src`")),
+        "{line}"
+    );
+    // Never silently truncated; nothing of that transaction or after it is in.
+    assert_eq!(
+        s.psql("SELECT string_agg(id || '=' || code, ',' ORDER BY id) FROM t"),
+        "1=abc"
+    );
+    s.psql("ALTER TABLE t ALTER COLUMN code TYPE varchar(10)");
+    r.wait_equal("t");
+    let status = running.stop(WAIT);
+    assert!(status.success(), "exit {status}; log:\n{}", r.wb.log());
 }

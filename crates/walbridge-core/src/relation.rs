@@ -58,6 +58,26 @@ pub struct Column {
     pub is_key: bool,
 }
 
+impl Column {
+    /// The column's type as SQL would write it, with its modifier:
+    /// `varchar(10)`, `numeric(12,2)`, `timestamptz(3)`; the plain type
+    /// name for types without one.
+    pub fn type_display(&self) -> String {
+        let m = self.type_modifier;
+        let modifier = match self.type_name.as_str() {
+            "varchar" | "bpchar" if m >= 4 => format!("({})", m - 4),
+            "numeric" if m >= 4 => {
+                let m = m - 4;
+                format!("({},{})", (m >> 16) & 0xffff, m & 0xffff)
+            }
+            "bit" | "varbit" if m >= 0 => format!("({m})"),
+            "timestamp" | "timestamptz" | "time" | "timetz" if m >= 0 => format!("({m})"),
+            _ => String::new(),
+        };
+        format!("{}{modifier}", self.type_name)
+    }
+}
+
 /// A schema-qualified table name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TableName {
@@ -98,5 +118,30 @@ impl Relation {
             .enumerate()
             .filter(|(_, c)| c.is_key)
             .map(|(i, _)| i)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn types_display_with_their_modifiers() {
+        let column = |type_name: &str, type_modifier| Column {
+            name: "c".into(),
+            type_oid: 0,
+            type_modifier,
+            type_name: type_name.into(),
+            kind: ValueKind::Other,
+            is_key: false,
+        };
+        assert_eq!(column("varchar", 14).type_display(), "varchar(10)");
+        assert_eq!(column("varchar", -1).type_display(), "varchar");
+        assert_eq!(
+            column("numeric", (12 << 16 | 2) + 4).type_display(),
+            "numeric(12,2)"
+        );
+        assert_eq!(column("timestamptz", 3).type_display(), "timestamptz(3)");
+        assert_eq!(column("int4", -1).type_display(), "int4");
     }
 }

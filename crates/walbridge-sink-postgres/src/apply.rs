@@ -962,17 +962,34 @@ impl Applier {
     }
 
     /// Finds the column whose value the target type cannot hold, by
-    /// casting each value on the lookup connection.
+    /// assigning each value to a column of the same type in a temporary
+    /// table on the lookup connection (assignment, unlike an explicit cast,
+    /// refuses what does not fit instead of truncating it).
     async fn diagnose(
         &mut self,
         map: &TableMap,
         binds: &[(bool, usize)],
         failed: &Failed,
     ) -> String {
+        let client = self.catalog.client();
         for (&(_, i), param) in binds.iter().zip(&failed.params) {
             let column = &map.columns[i];
-            let probe = format!("SELECT $1::{}", column.target_type);
-            if let Err(e) = self.catalog.client().query_opt(&probe, &[param]).await {
+            let probe = async {
+                client
+                    .batch_execute(&format!(
+                        "BEGIN; CREATE TEMP TABLE walbridge_probe (v {}) ON COMMIT DROP",
+                        column.target_type
+                    ))
+                    .await?;
+                client
+                    .execute("INSERT INTO walbridge_probe VALUES ($1)", &[param])
+                    .await
+            };
+            let result = probe.await;
+            let _ = client.batch_execute("ROLLBACK").await;
+            if let Err(e) = result
+                && e.code().is_some_and(|c| c.code().starts_with("22"))
+            {
                 return format!(
                     "column {} of target table {} is {} (the publisher's is {}): {}",
                     column.quoted,

@@ -308,7 +308,7 @@ impl Mapper {
                     .ok_or_else(|| SinkError::MissingColumn {
                         table: target.display(),
                         column: column.name.clone(),
-                        source_type: column.type_name.clone(),
+                        source_type: column.type_display(),
                         source_table: source_table.clone(),
                     })?;
             if target_column.generated {
@@ -322,7 +322,7 @@ impl Mapper {
                 quoted: quote_ident(&column.name),
                 target_type: target_column.type_sql.clone(),
                 cast_type: target_column.type_name.clone(),
-                source_type: column.type_name.clone(),
+                source_type: column.type_display(),
                 comparable: target_column.comparable,
                 binary: binary_form(column.type_oid, &column.kind, target_column),
             });
