@@ -73,6 +73,22 @@ impl Default for LogOptions {
     }
 }
 
+/// Which records a reader sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Visibility {
+    /// Durable records of complete units: nothing of a transaction before
+    /// its last chunk, nothing of the initial copy before all of it. What
+    /// a consumer that acts on each record must read.
+    CompleteUnits,
+    /// Every durable record, also of a unit still being written. For a
+    /// consumer that makes nothing final before a unit's end (one that
+    /// applies a whole unit in one target transaction): a unit cut short
+    /// by a crash or a stop is removed when the log is reopened, so what
+    /// such a consumer read of it must never take effect. Lets it work on
+    /// a large transaction or the initial copy while it is still arriving.
+    Unfinished,
+}
+
 /// How far the log can be read: everything before `next_seq` is durable
 /// (per the fsync policy) and made of complete units.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,6 +143,9 @@ pub(crate) struct Shared {
     pub options: LogOptions,
     state: Mutex<State>,
     pub head: watch::Sender<Head>,
+    /// The end of the durable records, complete units or not (see
+    /// [`Visibility::Unfinished`]).
+    pub durable: watch::Sender<Head>,
     /// Total bytes in the log.
     pub size: watch::Sender<u64>,
 }
@@ -205,6 +224,7 @@ impl Log {
             options,
             state: Mutex::new(state),
             head: watch::Sender::new(head),
+            durable: watch::Sender::new(head),
             size: watch::Sender::new(size),
         });
         let writer = LogWriter::start(shared.clone(), active, tail.valid_end, tail.index, head)?;
@@ -266,9 +286,14 @@ impl Log {
         *self.shared.size.borrow()
     }
 
-    /// A reader positioned at record `seq`.
+    /// A reader positioned at record `seq`, seeing complete units only.
     pub fn reader(&self, seq: u64) -> Result<LogReader, LogError> {
-        LogReader::open(self.shared.clone(), seq)
+        LogReader::open(self.shared.clone(), seq, Visibility::CompleteUnits)
+    }
+
+    /// A reader positioned at record `seq` with the given visibility.
+    pub fn reader_with(&self, seq: u64, visibility: Visibility) -> Result<LogReader, LogError> {
+        LogReader::open(self.shared.clone(), seq, visibility)
     }
 
     /// The position of the first record whose LSN is after `lsn`: where a

@@ -11,7 +11,7 @@ use walbridge_core::Lsn;
 
 use crate::error::LogError;
 use crate::frame::{self, FrameError, FrameHeader, HEADER_LEN};
-use crate::log::{Head, Shared};
+use crate::log::{Head, Shared, Visibility};
 use crate::record::{Entry, RecordDecoder};
 use crate::segment::{self, SEGMENT_HEADER_LEN, segment_path};
 
@@ -30,7 +30,8 @@ pub struct ReadRecord {
     pub entry: Entry,
 }
 
-/// Reads records in order, never past the readable end ([`Head`]). Memory
+/// Reads records in order, never past the readable end ([`Head`]; or the
+/// durable end, with [`Visibility::Unfinished`]). Memory
 /// is one record plus a read buffer, whatever the log's size.
 #[derive(Debug)]
 pub struct LogReader {
@@ -45,7 +46,11 @@ pub struct LogReader {
 }
 
 impl LogReader {
-    pub(crate) fn open(shared: Arc<Shared>, seq: u64) -> Result<Self, LogError> {
+    pub(crate) fn open(
+        shared: Arc<Shared>,
+        seq: u64,
+        visibility: Visibility,
+    ) -> Result<Self, LogError> {
         let head = *shared.head.borrow();
         let (base, entry) = {
             let state = shared.state();
@@ -71,6 +76,9 @@ impl LogReader {
         };
         let (pos, at) = entry.map_or((SEGMENT_HEADER_LEN, base), |e| (e.pos, e.seq));
         let mut reader = Self::open_at(shared, base, pos, at)?;
+        if visibility == Visibility::Unfinished {
+            reader.head = reader.shared.durable.subscribe();
+        }
         while reader.next_seq < seq {
             if reader.next_header()?.is_none() {
                 break;

@@ -93,6 +93,7 @@ impl LogWriter {
             published_index: 0,
             next_seq: head.next_seq,
             last_unit_lsn: head.last_lsn,
+            tail: head,
             buffer: Vec::with_capacity(WRITE_BATCH + (1 << 20)),
             unsynced: false,
         };
@@ -207,6 +208,8 @@ struct WriterThread {
     published_index: usize,
     next_seq: u64,
     last_unit_lsn: Lsn,
+    /// The end of the last record added, complete unit or not.
+    tail: Head,
     buffer: Vec<u8>,
     unsynced: bool,
 }
@@ -269,16 +272,17 @@ impl WriterThread {
         self.len += (self.buffer.len() - before) as u64;
         self.index.note(self.next_seq, pos, lsn);
         self.next_seq += 1;
-        if !unit_end {
-            return Ok(None);
-        }
-        self.last_unit_lsn = lsn;
-        Ok(Some(Head {
+        self.tail = Head {
             next_seq: self.next_seq,
             segment: self.base,
             end: self.len,
             last_lsn: lsn,
-        }))
+        };
+        if !unit_end {
+            return Ok(None);
+        }
+        self.last_unit_lsn = lsn;
+        Ok(Some(self.tail))
     }
 
     fn write_buffer(&mut self) -> Result<(), LogError> {
@@ -357,6 +361,12 @@ impl WriterThread {
 
     fn publish(&mut self, head: Option<Head>) {
         self.update_shared();
+        let tail = self.tail;
+        self.shared.durable.send_if_modified(|d| {
+            let moved = *d != tail;
+            *d = tail;
+            moved
+        });
         if let Some(head) = head {
             self.shared.head.send_replace(head);
         }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use walbridge_core::{LogicalMessage, Lsn};
 use walbridge_log::{
-    Entry, FsyncPolicy, Log, LogError, LogOptions, LogWriter, RecordEncoder, WhenFull,
+    Entry, FsyncPolicy, Log, LogError, LogOptions, LogWriter, RecordEncoder, Visibility, WhenFull,
 };
 
 fn ok<T, E: std::fmt::Display>(r: Result<T, E>) -> T {
@@ -443,5 +443,63 @@ async fn drop_sink_drops_only_the_slowest_even_when_another_is_a_little_behind()
     ok(log.advance_cursor("behind", 200));
     assert!(!log.is_dropped("behind"));
     assert!(log.size() <= 96 * 1024, "{}", log.size());
+    ok(writer.close().await);
+}
+
+#[tokio::test]
+async fn an_unfinished_unit_is_seen_only_by_readers_that_ask_for_it_and_gone_after_reopen() {
+    let dir = ok(tempfile::tempdir());
+    let (log, writer, _) = ok(Log::open(dir.path(), small_segments()));
+    append_all(&writer, 0..3).await;
+    // Three records of a unit that has not ended.
+    for i in 3..6 {
+        ok(writer.append(payload(i), Lsn(i * 10 + 5), false).await);
+    }
+    wait_for_head(&log, 3).await;
+    let mut complete = ok(log.reader(0));
+    let mut unfinished = ok(log.reader_with(0, Visibility::Unfinished));
+    let seen = |reader: &mut walbridge_log::LogReader| {
+        let mut seqs = Vec::new();
+        while let Some(r) = ok(reader.try_next()) {
+            seqs.push((r.seq, r.unit_end));
+        }
+        seqs
+    };
+    let mut read = Vec::new();
+    while read.len() < 6 {
+        read.extend(seen(&mut unfinished));
+        if read.len() < 6 {
+            ok(tokio::time::timeout(Duration::from_secs(10), unfinished.wait()).await);
+        }
+    }
+    assert_eq!(
+        read,
+        [
+            (0, true),
+            (1, true),
+            (2, true),
+            (3, false),
+            (4, false),
+            (5, false)
+        ]
+    );
+    assert_eq!(seen(&mut complete), [(0, true), (1, true), (2, true)]);
+    // A crash before the unit ends: reopening removes it for everyone.
+    drop(writer);
+    drop(log);
+    let (log, writer, recovery) = ok(Log::open(dir.path(), small_segments()));
+    assert_eq!(recovery.removed_records, 3);
+    let mut unfinished = ok(log.reader_with(0, Visibility::Unfinished));
+    assert_eq!(seen(&mut unfinished).len(), 3);
+    // A reader of unfinished units wakes for every durable record.
+    let waiting = tokio::spawn(async move {
+        unfinished.wait().await;
+        ok(unfinished.try_next()).map(|r| (r.seq, r.unit_end))
+    });
+    ok(writer.append(payload(3), Lsn(35), false).await);
+    let next = ok(ok(
+        tokio::time::timeout(Duration::from_secs(10), waiting).await
+    ));
+    assert_eq!(next, Some((3, false)));
     ok(writer.close().await);
 }

@@ -280,6 +280,9 @@ pub struct Applier {
     txn: Option<Arc<TransactionInfo>>,
     copy: Option<CopyIn>,
     copied: HashSet<Oid>,
+    /// Inside the initial copy (it may still be arriving, and may never be
+    /// finished if the source stops): nothing commits until its end.
+    in_snapshot: bool,
     /// The transaction to apply alone (the one the sink stopped on).
     isolate: Option<StoppedOn>,
     /// Committed positions waiting for the target's WAL flush.
@@ -334,6 +337,7 @@ impl Applier {
             txn: None,
             copy: None,
             copied: HashSet::new(),
+            in_snapshot: false,
             isolate,
             unflushed: VecDeque::new(),
             commits_in_flight: 0,
@@ -407,8 +411,14 @@ impl Applier {
 
     async fn event(&mut self, event: SourceEvent) -> Result<(), SinkError> {
         match event {
-            SourceEvent::Snapshot(batch) => self.snapshot_rows(batch).await,
-            SourceEvent::SnapshotComplete { .. } => self.finish_copy().await,
+            SourceEvent::Snapshot(batch) => {
+                self.in_snapshot = true;
+                self.snapshot_rows(batch).await
+            }
+            SourceEvent::SnapshotComplete { .. } => {
+                self.in_snapshot = false;
+                self.finish_copy().await
+            }
             SourceEvent::Begin(info) => {
                 let isolate = self
                     .isolate
@@ -578,6 +588,7 @@ impl Applier {
             }
             let statement = self.batch_statement(&batch.map, &batch.kind).await?;
             let params: Vec<Param> = batch.arrays().into_iter().map(Param).collect();
+            let bytes = params.iter().map(|p| p.0.len()).sum();
             let purpose = Purpose::Batch {
                 rows: batch.len(),
                 last_txn: batch.last_txn.clone(),
@@ -591,7 +602,7 @@ impl Applier {
                     Err(error) => Err(Failed { error, params }),
                 }
             };
-            self.send(purpose, request).await?;
+            self.send_sized(purpose, bytes, request).await?;
         }
         Ok(())
     }
@@ -726,6 +737,7 @@ impl Applier {
             params.push(Param(datum));
         }
         self.group.changes += 1;
+        let bytes = params.iter().map(|p| p.0.len()).sum();
         let purpose = Purpose::Change {
             txn: txn.clone(),
             map: map.clone(),
@@ -743,7 +755,7 @@ impl Applier {
         if self.group.isolated && self.config.on_conflict == OnConflict::Skip {
             return self.execute_or_skip(purpose, request).await;
         }
-        self.send(purpose, request).await
+        self.send_sized(purpose, bytes, request).await
     }
 
     /// Runs one change of the transaction being applied alone under a
@@ -785,10 +797,20 @@ impl Applier {
         purpose: Purpose,
         request: impl Future<Output = Outcome> + Send + 'static,
     ) -> Result<(), SinkError> {
+        self.send_sized(purpose, 0, request).await
+    }
+
+    /// Sends a request carrying about `bytes` of values.
+    async fn send_sized(
+        &mut self,
+        purpose: Purpose,
+        bytes: usize,
+        request: impl Future<Output = Outcome> + Send + 'static,
+    ) -> Result<(), SinkError> {
         while self.inflight.is_full() {
             self.take_one().await?;
         }
-        self.inflight.push(purpose, request).await;
+        self.inflight.push(purpose, bytes, request).await;
         Ok(())
     }
 
@@ -1189,7 +1211,8 @@ impl Applier {
         let Some(position) = self.group.position else {
             return Ok(());
         };
-        if self.txn.is_some() {
+        // Never inside a unit: the log may yet remove its unfinished end.
+        if self.txn.is_some() || self.in_snapshot {
             return Ok(());
         }
         self.finish_copy().await?;
@@ -1360,7 +1383,9 @@ impl Applier {
     /// At the end of a run: one synchronous commit flushes the target's WAL
     /// up to it, so every earlier commit can be acknowledged.
     async fn flush_all(&mut self) -> Result<(), SinkError> {
-        if self.unflushed.is_empty() {
+        // With a unit left unfinished the transaction stays open, to be
+        // rolled back when the connection closes.
+        if self.unflushed.is_empty() || self.group.open {
             return Ok(());
         }
         self.client

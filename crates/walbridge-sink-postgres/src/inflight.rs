@@ -40,18 +40,23 @@ pub type Outcome = Result<Reply, Failed>;
 
 type Pending = Pin<Box<dyn Future<Output = Outcome> + Send>>;
 
+/// Bytes of parameters in flight before [`InFlight::is_full`] says so.
+pub const MAX_BYTES: usize = 16 << 20;
+
 /// Requests sent and not yet answered, each with what it was for.
 pub struct InFlight<T> {
-    queue: VecDeque<(T, Pending)>,
+    queue: VecDeque<(T, usize, Pending)>,
     limit: usize,
+    bytes: usize,
 }
 
 impl<T> InFlight<T> {
-    /// A queue of at most `limit` requests.
+    /// A queue of at most `limit` requests (and about [`MAX_BYTES`]).
     pub fn new(limit: usize) -> Self {
         InFlight {
             queue: VecDeque::with_capacity(limit),
             limit: limit.max(1),
+            bytes: 0,
         }
     }
 
@@ -62,12 +67,13 @@ impl<T> InFlight<T> {
 
     /// True when the next [`InFlight::push`] must first take a result.
     pub fn is_full(&self) -> bool {
-        self.queue.len() >= self.limit
+        self.queue.len() >= self.limit || self.bytes >= MAX_BYTES
     }
 
-    /// Sends the request behind `request` now and queues it with `tag`.
-    /// Call [`InFlight::next`] first while [`InFlight::is_full`].
-    pub async fn push<F>(&mut self, tag: T, request: F)
+    /// Sends the request behind `request` (carrying about `bytes` of
+    /// values) now and queues it with `tag`. Call [`InFlight::next`] first
+    /// while [`InFlight::is_full`].
+    pub async fn push<F>(&mut self, tag: T, bytes: usize, request: F)
     where
         F: Future<Output = Outcome> + Send + 'static,
     {
@@ -77,12 +83,14 @@ impl<T> InFlight<T> {
             Poll::Pending => request,
             Poll::Ready(outcome) => Box::pin(std::future::ready(outcome)),
         };
-        self.queue.push_back((tag, request));
+        self.bytes += bytes;
+        self.queue.push_back((tag, bytes, request));
     }
 
     /// The oldest request's tag and outcome, `None` when nothing is in flight.
     pub async fn next(&mut self) -> Option<(T, Outcome)> {
-        let (tag, request) = self.queue.pop_front()?;
+        let (tag, bytes, request) = self.queue.pop_front()?;
+        self.bytes -= bytes;
         Some((tag, request.await))
     }
 }

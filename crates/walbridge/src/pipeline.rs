@@ -434,7 +434,7 @@ async fn run_sink(
     for (input, start) in inputs.iter().zip(starts) {
         let reader = input
             .log
-            .reader(start)
+            .reader_with(start, sink.visibility())
             .with_context(|| format!("sink `{name}`, source `{}`", input.context.name))
             .map_err(SinkStop::Log)?;
         let feeder = Feeder {

@@ -43,6 +43,17 @@ impl Sink {
         }
     }
 
+    /// Which log records the sink is given: a postgres sink applies a unit
+    /// in one target transaction that commits only at the unit's end, so it
+    /// can start on a large transaction or the initial copy while the rest
+    /// is still arriving; others act on every record and wait for whole units.
+    pub fn visibility(&self) -> walbridge_log::Visibility {
+        match self {
+            Sink::Jsonl(_) => walbridge_log::Visibility::CompleteUnits,
+            Sink::Postgres(_) => walbridge_log::Visibility::Unfinished,
+        }
+    }
+
     /// Consumes `events` until the channel closes.
     pub async fn run(self, events: tokio::sync::mpsc::Receiver<Routed>) -> anyhow::Result<()> {
         match self {
