@@ -471,8 +471,9 @@ fn a_duplicate_key_stops_on_the_transaction_until_skipped() {
         r.wb.command(&["skip", "--sink", "replica", "--lsn", &commit_lsn]);
     assert!(
         out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        "{}; log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        r.wb.log()
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("skipped transaction {xid}")));
     // The whole transaction is skipped (3 as well as 100), and 4 follows.
@@ -1082,6 +1083,41 @@ fn a_value_the_target_cannot_hold_names_column_and_types() {
     );
     s.psql("ALTER TABLE t ALTER COLUMN code TYPE varchar(10)");
     r.wait_equal("t");
+    let status = running.stop(WAIT);
+    assert!(status.success(), "exit {status}; log:\n{}", r.wb.log());
+}
+
+#[test]
+fn the_copy_refuses_a_target_with_rows_unless_told_to_empty_it_and_names_missing_tables() {
+    let r = Replication::new("CREATE TABLE t (id int PRIMARY KEY, v text)");
+    let (p, s) = (&r.publisher, &r.subscriber);
+    p.psql("CREATE TABLE only_on_publisher (id int PRIMARY KEY)");
+    p.psql("INSERT INTO t SELECT g, 'p' || g FROM generate_series(1, 5) g");
+    s.psql("INSERT INTO t VALUES (100, 'stale')");
+    p.psql("CREATE PUBLICATION pub FOR TABLE t");
+    r.configure(&["pub"], "", "");
+    let running = r.start();
+    let log = wait_for_log(&r.wb, "target table public.t already holds rows");
+    assert!(log.contains("set truncate_before_copy = true"), "{log}");
+    running.kill();
+    assert_eq!(s.psql("SELECT count(*) FROM t"), "1");
+    r.configure(&["pub"], "", "truncate_before_copy = true");
+    let running = r.start();
+    r.wait_equal("t");
+    p.wait_for_streaming(WAIT);
+    // A table added to the publication that the target lacks is named.
+    p.psql("ALTER PUBLICATION pub ADD TABLE only_on_publisher");
+    p.psql("INSERT INTO only_on_publisher VALUES (1)");
+    let log = wait_for_log(
+        &r.wb,
+        "target table public.only_on_publisher does not exist",
+    );
+    assert!(
+        log.contains("(it receives source table public.only_on_publisher)"),
+        "{log}"
+    );
+    s.psql("CREATE TABLE only_on_publisher (id int PRIMARY KEY)");
+    r.wait_equal("only_on_publisher");
     let status = running.stop(WAIT);
     assert!(status.success(), "exit {status}; log:\n{}", r.wb.log());
 }

@@ -115,6 +115,8 @@ struct Committed {
     changes: usize,
     started: Option<Instant>,
     isolated: bool,
+    /// Its last source transaction.
+    last_txn: Option<Arc<TransactionInfo>>,
 }
 
 /// Changes that found nothing to change, since the last COMMIT's result.
@@ -141,6 +143,8 @@ struct Group {
     commit_time: PgTimestamp,
     /// The group holds the transaction the sink stopped on, alone.
     isolated: bool,
+    /// The last source transaction in the group.
+    last_txn: Option<Arc<TransactionInfo>>,
 }
 
 /// Snapshot rows being copied into one table.
@@ -403,7 +407,9 @@ impl Applier {
                 .group
                 .started
                 .is_some_and(|t| t.elapsed() >= limits.batch_time.0);
-        if full || self.group.isolated {
+        // Finding a transaction at fault: one per target transaction.
+        let one_by_one = self.one_by_one_until.is_some();
+        if full || self.group.isolated || one_by_one {
             self.commit().await?;
         }
         Ok(())
@@ -438,6 +444,7 @@ impl Applier {
                 self.txn = None;
                 self.group.transactions += 1;
                 self.group.commit_time = info.commit_time;
+                self.group.last_txn = Some(info);
                 Ok(())
             }
             // Logical decoding messages have no place in tables (a native
@@ -902,9 +909,33 @@ impl Applier {
                     source: failed.error,
                 };
             }
-            Purpose::Commit(_) | Purpose::WalPosition(_) => {
+            Purpose::Commit(committed) => {
+                let deferred = code.as_deref().is_some_and(|c| c.starts_with("23"));
+                match &committed.last_txn {
+                    // A deferred constraint failed at the end of one transaction: that one.
+                    Some(txn) if deferred && committed.transactions == 1 => {
+                        (txn.clone(), "the deferred constraints".to_owned())
+                    }
+                    Some(txn) if deferred => {
+                        self.state
+                            .set_one_by_one_until(&self.source.name, Some(txn.end_lsn));
+                        return SinkError::Batch {
+                            table: "the deferred constraints".to_owned(),
+                            rows: committed.changes,
+                            message: describe_pg_error(&failed.error),
+                        };
+                    }
+                    _ => {
+                        return SinkError::Target {
+                            what: "committing".to_owned(),
+                            source: failed.error,
+                        };
+                    }
+                }
+            }
+            Purpose::WalPosition(_) => {
                 return SinkError::Target {
-                    what: "committing".to_owned(),
+                    what: "reading the target's WAL position".to_owned(),
                     source: failed.error,
                 };
             }
@@ -1218,22 +1249,6 @@ impl Applier {
         self.finish_copy().await?;
         self.ensure_open().await?;
         self.send_batches_all().await?;
-        if self.progress.needs_xid() {
-            // The commit record carries the position only if there is one.
-            self.send(
-                Purpose::Control("assigning a transaction id"),
-                simple(&self.client, "SELECT pg_current_xact_id()".into()),
-            )
-            .await?;
-        }
-        let record = self
-            .progress
-            .record_sql(position.lsn, self.group.commit_time);
-        self.send(
-            Purpose::Control("recording the applied position"),
-            simple(&self.client, record),
-        )
-        .await?;
         // A group's COMMIT goes only once the previous one succeeded: were
         // it to fail, this group must not commit a position beyond it.
         while self.commits_in_flight > 0 {
@@ -1246,10 +1261,26 @@ impl Applier {
             changes: group.changes,
             started: group.started,
             isolated: group.isolated,
+            last_txn: group.last_txn,
         };
+        let record = self.progress.record_sql(position.lsn, group.commit_time);
+        // One message: PostgreSQL records the session's origin position in
+        // an abort record too, so once the position is set nothing may fail
+        // or wait before COMMIT (walbridge dying in between would abort the
+        // transaction and still move the origin past its changes). Deferred
+        // constraints are checked first, while an error still rolls back
+        // without touching the position; an earlier error in the group
+        // makes every statement here fail the same way.
+        let xid = if self.progress.needs_xid() {
+            // The commit record carries the position only if there is one.
+            "SELECT pg_current_xact_id(); "
+        } else {
+            ""
+        };
+        let finish = format!("SET CONSTRAINTS ALL IMMEDIATE; {xid}{record}; COMMIT");
         self.send(
             Purpose::Commit(Box::new(committed)),
-            simple(&self.client, "COMMIT".into()),
+            simple(&self.client, finish),
         )
         .await?;
         self.commits_in_flight += 1;
