@@ -1,4 +1,9 @@
-//! Shared test data.
+//! Shared test data and workloads.
+
+use std::time::Duration;
+
+use crate::Cluster;
+use crate::walbridge::{Deployment, Running};
 
 /// Tables of every common type: built-ins, arrays, an enum, a composite,
 /// a range and a domain, in table `t` with primary key `id`.
@@ -92,4 +97,42 @@ impl Rng {
             .wrapping_add(1442695040888963407);
         (self.0 >> 33) % below
     }
+}
+
+/// Runs the [`transaction`]s `0..chunks * per_chunk` on `publisher`, a
+/// chunk at a time, while walbridge (`running`, of `wb`) is killed with
+/// SIGKILL at random moments (every 300 ms plus up to `spread_ms`, drawn
+/// from `rng`) and started again — at least ten times, and until the
+/// writing is done. `after_kill` runs after each kill. Returns the process
+/// running at the end and the number of kills.
+pub fn write_while_killing(
+    publisher: &Cluster,
+    wb: &Deployment,
+    mut running: Running,
+    (chunks, per_chunk): (u64, u64),
+    rng: &mut Rng,
+    spread_ms: u64,
+    mut after_kill: impl FnMut(),
+) -> (Running, u32) {
+    let mut kills = 0;
+    running = std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            for chunk in 0..chunks {
+                let sql: String = (chunk * per_chunk..(chunk + 1) * per_chunk)
+                    .map(|i| transaction(i).0)
+                    .collect();
+                publisher.psql(&sql);
+                std::thread::sleep(Duration::from_millis(150));
+            }
+        });
+        while !writer.is_finished() || kills < 10 {
+            std::thread::sleep(Duration::from_millis(300 + rng.next(spread_ms)));
+            running.kill();
+            kills += 1;
+            after_kill();
+            running = wb.start();
+        }
+        running
+    });
+    (running, kills)
 }

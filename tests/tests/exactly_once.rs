@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use walbridge_tests::Cluster;
-use walbridge_tests::fixtures::{Rng, WORKLOAD_SCHEMA, transaction};
+use walbridge_tests::fixtures::{Rng, WORKLOAD_SCHEMA, transaction, write_while_killing};
 use walbridge_tests::walbridge::Deployment;
 
 const WAIT: Duration = Duration::from_secs(200);
@@ -57,27 +57,17 @@ fn every_transaction_reaches_the_sink_exactly_once_across_repeated_kills() {
     let mut rng = Rng::new(seed);
     let expected: u64 = (0..CHUNKS * PER_CHUNK).map(|i| transaction(i).1).sum();
 
-    let mut running = wb.start();
+    let running = wb.start();
     pg.wait_for_streaming(WAIT);
-    let mut kills = 0;
-    running = std::thread::scope(|scope| {
-        let writer = scope.spawn(|| {
-            for chunk in 0..CHUNKS {
-                let sql: String = (chunk * PER_CHUNK..(chunk + 1) * PER_CHUNK)
-                    .map(|i| transaction(i).0)
-                    .collect();
-                pg.psql(&sql);
-                std::thread::sleep(Duration::from_millis(150));
-            }
-        });
-        while !writer.is_finished() || kills < 10 {
-            std::thread::sleep(Duration::from_millis(300 + rng.next(1200)));
-            running.kill();
-            kills += 1;
-            running = wb.start();
-        }
-        running
-    });
+    let (running, kills) = write_while_killing(
+        &pg,
+        &wb,
+        running,
+        (CHUNKS, PER_CHUNK),
+        &mut rng,
+        1200,
+        || {},
+    );
     let lines = wb.wait_for_lines(expected as usize, WAIT);
     // Nothing more arrives: no duplicate trails behind.
     std::thread::sleep(Duration::from_secs(2));

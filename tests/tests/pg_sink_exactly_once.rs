@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use walbridge_tests::Cluster;
-use walbridge_tests::fixtures::{Rng, WORKLOAD_SCHEMA, transaction};
+use walbridge_tests::fixtures::{Rng, WORKLOAD_SCHEMA, write_while_killing};
 use walbridge_tests::walbridge::Deployment;
 
 const WAIT: Duration = Duration::from_secs(300);
@@ -46,25 +46,18 @@ fn kill_9_during_heavy_apply_loses_and_repeats_nothing() {
                 .map_or(1, |d| d.as_nanos() as u64)
         });
     let mut rng = Rng::new(seed);
-    let mut running = wb.start();
+    let running = wb.start();
     publisher.wait_for_streaming(WAIT);
-    let mut kills = 0;
     let mut killed_mid_apply = 0;
     let total = CHUNKS * PER_CHUNK;
-    running = std::thread::scope(|scope| {
-        let writer = scope.spawn(|| {
-            for chunk in 0..CHUNKS {
-                let sql: String = (chunk * PER_CHUNK..(chunk + 1) * PER_CHUNK)
-                    .map(|i| transaction(i).0)
-                    .collect();
-                publisher.psql(&sql);
-                std::thread::sleep(Duration::from_millis(150));
-            }
-        });
-        while !writer.is_finished() || kills < 10 {
-            std::thread::sleep(Duration::from_millis(300 + rng.next(1500)));
-            running.kill();
-            kills += 1;
+    let (running, kills) = write_while_killing(
+        &publisher,
+        &wb,
+        running,
+        (CHUNKS, PER_CHUNK),
+        &mut rng,
+        1500,
+        || {
             let applied: u64 = subscriber
                 .psql("SELECT count(*) FROM t")
                 .parse()
@@ -72,10 +65,8 @@ fn kill_9_during_heavy_apply_loses_and_repeats_nothing() {
             if applied > 0 && applied < total {
                 killed_mid_apply += 1;
             }
-            running = wb.start();
-        }
-        running
-    });
+        },
+    );
     let context = || format!("seed {seed}, {kills} kills; walbridge log:\n{}", wb.log());
     for (table, columns) in [("t", "id, n, pad"), ("g", "id"), ("big", "id, pad")] {
         let expected = publisher.table_digest("postgres", table, columns);

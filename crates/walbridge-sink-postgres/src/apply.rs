@@ -44,7 +44,7 @@ use walbridge_core::{
 use walbridge_log::{LogPosition, Routed, SourceContext};
 use walbridge_pg::describe_pg_error;
 
-use crate::batch::{Batch, BatchKind, BatchRow, Batcher, InsertMode, batch_sql, bound_columns};
+use crate::batch::{Batch, BatchKind, BatchRow, Batcher, batch_sql, bound_columns};
 use crate::config::{OnConflict, PostgresSinkConfig};
 use crate::copy::encode_row;
 use crate::error::{SinkError, StoppedOn};
@@ -52,7 +52,7 @@ use crate::inflight::{Failed, InFlight, Outcome, Reply};
 use crate::mapping::{BinaryForm, Mapper, TableMap};
 use crate::progress::ProgressStore;
 use crate::state::SinkState;
-use crate::statement::{ColumnSet, Find, Param, Shape, bind_order, sql};
+use crate::statement::{ColumnSet, Find, InsertMode, Param, Shape, bind_order, sql};
 use crate::target::TargetCatalog;
 
 /// COPY data is sent in chunks of about this size.
@@ -466,14 +466,10 @@ impl Applier {
         match change {
             Change::Insert { relation, new, .. } => {
                 let map = self.map(&relation).await?;
-                let (shape, kind, mode) = match self.config.on_conflict {
-                    OnConflict::Error => (Shape::Insert, ChangeKind::Insert, InsertMode::Plain),
-                    OnConflict::Skip => (
-                        Shape::InsertOrSkip,
-                        ChangeKind::InsertOrSkip,
-                        InsertMode::OrSkip,
-                    ),
-                    OnConflict::Upsert => (Shape::Upsert, ChangeKind::Insert, InsertMode::Upsert),
+                let (kind, mode) = match self.config.on_conflict {
+                    OnConflict::Error => (ChangeKind::Insert, InsertMode::Plain),
+                    OnConflict::Skip => (ChangeKind::InsertOrSkip, InsertMode::OrSkip),
+                    OnConflict::Upsert => (ChangeKind::Insert, InsertMode::Upsert),
                 };
                 self.group.bytes += row_bytes(&new);
                 if self.batchable(&map, &txn) && all_text(&new) {
@@ -483,7 +479,8 @@ impl Applier {
                         .batch(&map, BatchKind::Insert(mode), key, &new, txn, false)
                         .await;
                 }
-                self.execute(&txn, &map, shape, kind, &new, None).await
+                self.execute(&txn, &map, Shape::Insert(mode), kind, &new, None)
+                    .await
             }
             Change::Update {
                 relation, old, new, ..

@@ -32,24 +32,13 @@ use bytes::{BufMut, Bytes, BytesMut};
 use walbridge_core::{Datum, Oid, TransactionInfo};
 
 use crate::mapping::TableMap;
-use crate::statement::ColumnSet;
+use crate::statement::{ColumnSet, InsertMode, conflict_clause};
 
 /// Rows a batch takes before it is sent.
 pub const MAX_BATCH_ROWS: usize = 5000;
 
 /// Bytes of values a batch takes before it is sent.
 pub const MAX_BATCH_BYTES: usize = 4 << 20;
-
-/// How inserts treat an existing key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum InsertMode {
-    /// A conflict is an error.
-    Plain,
-    /// `ON CONFLICT DO NOTHING`.
-    OrSkip,
-    /// `ON CONFLICT (key) DO UPDATE`.
-    Upsert,
-}
 
 /// What a batch does; with the mapping it determines the SQL.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -115,34 +104,12 @@ pub fn batch_sql(map: &TableMap, kind: &BatchKind) -> String {
                 names.push(column);
                 values.push(source.clone());
             }
-            let mut sql = format!(
-                "INSERT INTO {table} ({}) SELECT {} FROM {from}",
+            format!(
+                "INSERT INTO {table} ({}) SELECT {} FROM {from}{}",
                 names.join(", "),
-                values.join(", ")
-            );
-            match mode {
-                InsertMode::Plain => {}
-                InsertMode::OrSkip => sql.push_str(" ON CONFLICT DO NOTHING"),
-                InsertMode::Upsert => {
-                    let key = map.upsert_key.as_deref().unwrap_or_default();
-                    let updates: Vec<String> = map
-                        .columns
-                        .iter()
-                        .filter(|c| !key.contains(&c.quoted))
-                        .map(|c| format!("{0} = EXCLUDED.{0}", c.quoted))
-                        .collect();
-                    if updates.is_empty() {
-                        sql.push_str(&format!(" ON CONFLICT ({}) DO NOTHING", key.join(", ")));
-                    } else {
-                        sql.push_str(&format!(
-                            " ON CONFLICT ({}) DO UPDATE SET {}",
-                            key.join(", "),
-                            updates.join(", ")
-                        ));
-                    }
-                }
-            }
-            sql
+                values.join(", "),
+                conflict_clause(map, *mode)
+            )
         }
         BatchKind::Update { .. } => {
             let written = bound.len() - map.identity.len();
@@ -328,5 +295,159 @@ impl Batcher {
     pub fn take_all(&mut self) -> Vec<Batch> {
         self.by_table.clear();
         self.tables.drain(..).flat_map(|t| t.batches).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use walbridge_core::{Lsn, PgTimestamp};
+
+    use super::*;
+    use crate::statement::tests::map;
+
+    fn text(s: &str) -> Datum {
+        Datum::Text(Bytes::copy_from_slice(s.as_bytes()))
+    }
+
+    fn txn(xid: u32) -> Arc<TransactionInfo> {
+        Arc::new(TransactionInfo {
+            xid,
+            commit_lsn: Lsn(u64::from(xid)),
+            end_lsn: Lsn(u64::from(xid) + 1),
+            commit_time: PgTimestamp(0),
+            origin: None,
+            gid: None,
+        })
+    }
+
+    fn row(key: &str, values: &[Datum], xid: u32) -> BatchRow {
+        BatchRow {
+            key: Some(vec![Bytes::copy_from_slice(key.as_bytes())]),
+            values: values.to_vec(),
+            txn: txn(xid),
+        }
+    }
+
+    #[test]
+    fn array_elements_are_quoted_and_escaped() {
+        let mut out = BytesMut::new();
+        push_element(&mut out, &text("a\"b\\c,{d}"));
+        out.put_u8(b',');
+        push_element(&mut out, &Datum::Null);
+        out.put_u8(b',');
+        push_element(&mut out, &text("NULL"));
+        assert_eq!(&out[..], b"\"a\\\"b\\\\c,{d}\",NULL,\"NULL\"");
+    }
+
+    #[test]
+    fn updates_join_unnest_on_the_key_and_cast_without_modifiers() {
+        let m = map(vec![0], false, true);
+        let kind = BatchKind::Update { set: None };
+        assert_eq!(bound_columns(&m, &kind), [1, 2, 0]);
+        assert_eq!(
+            batch_sql(&m, &kind),
+            "UPDATE \"s\".\"t\" AS x SET \"doc\" = u.p1::integer, \"n\" = u.p2::integer \
+             FROM unnest($1::text[], $2::text[], $3::text[]) AS u(p1, p2, p3) \
+             WHERE x.\"id\" = u.p3::integer AND x.\"src\" = 'shop'"
+        );
+        assert_eq!(
+            batch_sql(&m, &BatchKind::Delete),
+            "DELETE FROM \"s\".\"t\" AS x USING unnest($1::text[]) AS u(p1) WHERE x.\"id\" = u.p1::integer AND x.\"src\" = 'shop'"
+        );
+    }
+
+    #[test]
+    fn a_repeated_key_replaces_an_update_but_starts_a_new_insert_batch() {
+        let m = Arc::new(map(vec![0], false, false));
+        let update = BatchKind::Update { set: None };
+        let mut batcher = Batcher::default();
+        assert!(
+            batcher
+                .add(
+                    &m,
+                    update.clone(),
+                    row("1", &[text("a"), text("1")], 1),
+                    true
+                )
+                .is_none()
+        );
+        assert!(
+            batcher
+                .add(
+                    &m,
+                    update.clone(),
+                    row("2", &[text("b"), text("2")], 2),
+                    true
+                )
+                .is_none()
+        );
+        assert!(
+            batcher
+                .add(&m, update, row("1", &[text("c"), text("1")], 3), true)
+                .is_none()
+        );
+        let insert = BatchKind::Insert(InsertMode::Plain);
+        assert!(
+            batcher
+                .add(&m, insert.clone(), row("9", &[text("x")], 4), false)
+                .is_none()
+        );
+        assert!(
+            batcher
+                .add(&m, insert, row("9", &[text("y")], 5), false)
+                .is_none()
+        );
+        let batches = batcher.take_all();
+        assert!(batcher.is_empty());
+        let shapes: Vec<(BatchKind, usize, u32)> = batches
+            .iter()
+            .map(|b| (b.kind.clone(), b.len(), b.last_txn.xid))
+            .collect();
+        assert_eq!(
+            shapes,
+            [
+                (BatchKind::Update { set: None }, 2, 3),
+                (BatchKind::Insert(InsertMode::Plain), 1, 4),
+                (BatchKind::Insert(InsertMode::Plain), 1, 5),
+            ]
+        );
+        // The later update of key 1 replaced the earlier one in place.
+        assert_eq!(
+            batches[0].arrays(),
+            [
+                Datum::Text(Bytes::from_static(b"{\"c\",\"b\"}")),
+                Datum::Text(Bytes::from_static(b"{\"1\",\"2\"}"))
+            ]
+        );
+    }
+
+    #[test]
+    fn a_full_batch_is_handed_back_with_the_tables_earlier_batches() {
+        let m = Arc::new(map(vec![0], false, false));
+        let mut batcher = Batcher::default();
+        let delete = BatchKind::Delete;
+        assert!(
+            batcher
+                .add(&m, delete, row("0", &[text("0")], 1), false)
+                .is_none()
+        );
+        let insert = BatchKind::Insert(InsertMode::Plain);
+        let mut handed = None;
+        for i in 0..MAX_BATCH_ROWS {
+            let key = i.to_string();
+            handed = batcher.add(&m, insert.clone(), row(&key, &[text(&key)], 2), false);
+            if handed.is_some() {
+                break;
+            }
+        }
+        let handed = handed.unwrap_or_default();
+        assert_eq!(
+            handed.len(),
+            2,
+            "the delete first, then the full insert batch"
+        );
+        assert_eq!(handed[0].kind, BatchKind::Delete);
+        assert_eq!(handed[1].len(), MAX_BATCH_ROWS);
+        assert!(batcher.is_empty());
     }
 }

@@ -31,15 +31,48 @@ pub enum Find {
     },
 }
 
+/// How inserts treat an existing key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InsertMode {
+    /// A conflict is an error.
+    Plain,
+    /// `ON CONFLICT DO NOTHING` (`on_conflict = "skip"`).
+    OrSkip,
+    /// `ON CONFLICT (key) DO UPDATE` (`on_conflict = "upsert"`).
+    Upsert,
+}
+
+/// The `ON CONFLICT` clause of an insert in `mode` into `map` (empty for plain inserts).
+pub fn conflict_clause(map: &TableMap, mode: InsertMode) -> String {
+    match mode {
+        InsertMode::Plain => String::new(),
+        InsertMode::OrSkip => " ON CONFLICT DO NOTHING".to_owned(),
+        InsertMode::Upsert => {
+            let key = map.upsert_key.as_deref().unwrap_or_default();
+            let updates: Vec<String> = map
+                .columns
+                .iter()
+                .filter(|c| !key.contains(&c.quoted))
+                .map(|c| format!("{0} = EXCLUDED.{0}", c.quoted))
+                .collect();
+            if updates.is_empty() {
+                format!(" ON CONFLICT ({}) DO NOTHING", key.join(", "))
+            } else {
+                format!(
+                    " ON CONFLICT ({}) DO UPDATE SET {}",
+                    key.join(", "),
+                    updates.join(", ")
+                )
+            }
+        }
+    }
+}
+
 /// The form of a statement; with the mapping it determines the SQL.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Shape {
-    /// `INSERT`.
-    Insert,
-    /// `INSERT … ON CONFLICT DO NOTHING` (`on_conflict = "skip"`).
-    InsertOrSkip,
-    /// `INSERT … ON CONFLICT (key) DO UPDATE` (`on_conflict = "upsert"`).
-    Upsert,
+    /// `INSERT`, with conflicts treated per the mode.
+    Insert(InsertMode),
     /// `UPDATE` of the `set` columns (those not left out as unchanged TOAST).
     Update {
         /// The columns written.
@@ -126,7 +159,7 @@ pub fn sql(map: &TableMap, shape: &Shape) -> String {
         next_param: 0,
     };
     match shape {
-        Shape::Insert | Shape::InsertOrSkip | Shape::Upsert => {
+        Shape::Insert(mode) => {
             let mut names: Vec<&str> = map.columns.iter().map(|c| c.quoted.as_str()).collect();
             let mut values: Vec<String> = map.columns.iter().map(|_| sql.param()).collect();
             if let Some((column, value)) = &map.source_tag {
@@ -134,33 +167,11 @@ pub fn sql(map: &TableMap, shape: &Shape) -> String {
                 values.push(value.clone());
             }
             sql.text = format!(
-                "INSERT INTO {table} ({}) VALUES ({})",
+                "INSERT INTO {table} ({}) VALUES ({}){}",
                 names.join(", "),
-                values.join(", ")
+                values.join(", "),
+                conflict_clause(map, *mode)
             );
-            match shape {
-                Shape::InsertOrSkip => sql.text.push_str(" ON CONFLICT DO NOTHING"),
-                Shape::Upsert => {
-                    let key = map.upsert_key.as_deref().unwrap_or_default();
-                    let updates: Vec<String> = map
-                        .columns
-                        .iter()
-                        .filter(|c| !key.contains(&c.quoted))
-                        .map(|c| format!("{0} = EXCLUDED.{0}", c.quoted))
-                        .collect();
-                    if updates.is_empty() {
-                        sql.text
-                            .push_str(&format!(" ON CONFLICT ({}) DO NOTHING", key.join(", ")));
-                    } else {
-                        sql.text.push_str(&format!(
-                            " ON CONFLICT ({}) DO UPDATE SET {}",
-                            key.join(", "),
-                            updates.join(", ")
-                        ));
-                    }
-                }
-                _ => {}
-            }
         }
         Shape::Update { set, find } => {
             let assignments: Vec<String> = columns(map, set)
@@ -206,9 +217,7 @@ pub fn bind_order(map: &TableMap, shape: &Shape) -> Vec<(bool, usize)> {
         ),
     };
     match shape {
-        Shape::Insert | Shape::InsertOrSkip | Shape::Upsert => {
-            order.extend((0..map.columns.len()).map(|i| (false, i)))
-        }
+        Shape::Insert(_) => order.extend((0..map.columns.len()).map(|i| (false, i))),
         Shape::Update { set, find } => {
             order.extend(columns(map, set).map(|i| (false, i)));
             find_values(find, &mut order);
@@ -253,14 +262,16 @@ impl ToSql for Param {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use super::*;
     use crate::mapping::MappedColumn;
     use crate::target::TargetTable;
 
-    fn map(identity: Vec<usize>, full: bool, tag: bool) -> TableMap {
+    /// A mapping of `s.t (id int, doc, n)` with the given identity, FULL
+    /// or not, and a `source_column` `src` = 'shop' when `tag`.
+    pub(crate) fn map(identity: Vec<usize>, full: bool, tag: bool) -> TableMap {
         let column = |name: &str, comparable| MappedColumn {
             quoted: format!("\"{name}\""),
             target_type: "integer".into(),
@@ -295,15 +306,15 @@ mod tests {
     fn inserts_and_upserts() {
         let m = map(vec![0], false, true);
         assert_eq!(
-            sql(&m, &Shape::Insert),
+            sql(&m, &Shape::Insert(InsertMode::Plain)),
             "INSERT INTO \"s\".\"t\" (\"id\", \"doc\", \"n\", \"src\") VALUES ($1, $2, $3, 'shop')"
         );
-        assert!(sql(&m, &Shape::InsertOrSkip).ends_with("ON CONFLICT DO NOTHING"));
-        assert!(sql(&m, &Shape::Upsert).ends_with(
+        assert!(sql(&m, &Shape::Insert(InsertMode::OrSkip)).ends_with("ON CONFLICT DO NOTHING"));
+        assert!(sql(&m, &Shape::Insert(InsertMode::Upsert)).ends_with(
             "ON CONFLICT (\"id\") DO UPDATE SET \"doc\" = EXCLUDED.\"doc\", \"n\" = EXCLUDED.\"n\""
         ));
         assert_eq!(
-            bind_order(&m, &Shape::Insert),
+            bind_order(&m, &Shape::Insert(InsertMode::Plain)),
             [(false, 0), (false, 1), (false, 2)]
         );
     }
