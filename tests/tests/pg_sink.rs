@@ -1117,3 +1117,35 @@ fn the_copy_refuses_a_target_with_rows_unless_told_to_empty_it_and_names_missing
     let status = running.stop(WAIT);
     assert!(status.success(), "exit {status}; log:\n{}", r.wb.log());
 }
+
+#[test]
+fn check_maps_every_published_table_onto_the_target_before_streaming() {
+    let r = Replication::new("SELECT 1");
+    let (p, s) = (&r.publisher, &r.subscriber);
+    p.psql("CREATE TABLE a (id int PRIMARY KEY, x text); CREATE TABLE b (id int PRIMARY KEY)");
+    s.psql("CREATE TABLE a (id int PRIMARY KEY)");
+    p.psql("CREATE PUBLICATION pub FOR TABLE a, b");
+    r.configure(&["pub"], "", "");
+    let out = r.wb.command(&["check"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("error: sink `replica`: target table public.a has no column \"x\" (text on the publisher")
+            && stderr.contains("error: sink `replica`: target table public.b does not exist"),
+        "{stderr}"
+    );
+    s.psql("ALTER TABLE a ADD COLUMN x text; CREATE TABLE b (id int PRIMARY KEY)");
+    let out = r.wb.command(&["check"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(
+            "ok: sink `replica`: the 2 table(s) source `src` publishes map onto the target"
+        ),
+        "{stdout}"
+    );
+}

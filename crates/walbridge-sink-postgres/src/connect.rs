@@ -104,3 +104,26 @@ pub async fn health_check(config: &PostgresSinkConfig) -> Result<String, SinkErr
         params.user
     ))
 }
+
+/// Maps every table `source` publishes onto the target, as applying will:
+/// one line per table that would stop the sink (missing table or column,
+/// a generated column, a view, no key for upserts).
+pub async fn check_tables(
+    config: &PostgresSinkConfig,
+    source: &str,
+    relations: &[walbridge_core::Relation],
+) -> Result<Vec<String>, SinkError> {
+    let params = params(config)?;
+    let mut catalog = crate::target::TargetCatalog::new(connect(config, &params).await?);
+    let mut mapper = crate::mapping::Mapper::new(config, source).map_err(SinkError::Mapping)?;
+    let mut problems = Vec::new();
+    for relation in relations {
+        let relation = std::sync::Arc::new(relation.clone());
+        match mapper.map(&mut catalog, &relation).await {
+            Ok(_) => {}
+            Err(e @ (SinkError::Connect { .. } | SinkError::Target { .. })) => return Err(e),
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    Ok(problems)
+}

@@ -36,7 +36,7 @@ pub mod statement;
 pub mod target;
 
 pub use config::{OnConflict, PostgresSinkConfig, ProgressMode, SynchronousCommit};
-pub use connect::health_check;
+pub use connect::{check_tables, health_check};
 pub use error::{SinkError, StoppedOn};
 pub use sink::{PostgresSink, SourceLog};
 pub use skip::skip;

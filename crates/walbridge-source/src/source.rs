@@ -26,10 +26,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
-use walbridge_core::{EventBatch, Lsn, PgTimestamp, SourceEvent};
+use walbridge_core::{EventBatch, Lsn, PgTimestamp, Relation, SourceEvent};
 
 use crate::assembler::{Assembled, Assembler, AssemblyError, CommittedTransaction};
-use crate::catalog::{CatalogError, TypeCatalog, published_tables};
+use crate::catalog::{CatalogError, TypeCatalog, describe_table, published_tables};
 use crate::checks::{Finding, Severity, check_source, explain_connection_error};
 use crate::config::{OriginFilter, SourceConfig};
 use crate::pgoutput::{DecodeError, Decoder, Message};
@@ -259,6 +259,38 @@ impl Source {
     /// Runs the prerequisite checks.
     pub async fn check(&self) -> Vec<Finding> {
         check_source(&self.config, &self.params).await
+    }
+
+    /// The tables the publications cover, described as the stream will
+    /// describe them (published columns, identity, types): what a sink can
+    /// check its targets against before anything streams.
+    pub async fn published_relations(&self) -> Result<Vec<Relation>, SourceError> {
+        let name = &self.config.name;
+        let client = connect_sql(&self.params, self.config.application_name())
+            .await
+            .map_err(|e| self.err(e))?;
+        let version: String = client
+            .query_one("SHOW server_version", &[])
+            .await
+            .map_err(|e| self.err(e.into()))?
+            .get(0);
+        let tables = published_tables(
+            &client,
+            &self.config.publications,
+            walbridge_pg::parse_server_version(&version),
+        )
+        .await
+        .map_err(|e| SourceError::Catalog(name.clone(), e))?;
+        let mut types = TypeCatalog::new();
+        let mut relations = Vec::with_capacity(tables.len());
+        for table in &tables {
+            relations.push(
+                describe_table(&client, &mut types, table)
+                    .await
+                    .map_err(|e| SourceError::Catalog(name.clone(), e))?,
+            );
+        }
+        Ok(relations)
     }
 
     fn err(&self, e: ConnectionError) -> SourceError {

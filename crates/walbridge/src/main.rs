@@ -158,6 +158,7 @@ async fn check(path: &std::path::Path) -> Result<(), Failure> {
             .count();
         if source_errors == 0 {
             println!("ok: source `{}` is ready to replicate", source_config.name);
+            errors += check_targets(&config, &source).await;
         }
         errors += source_errors;
     }
@@ -179,6 +180,53 @@ async fn check(path: &std::path::Path) -> Result<(), Failure> {
         });
     }
     Ok(())
+}
+
+/// Maps the tables `source` publishes onto every postgres sink that reads
+/// it; returns the number of problems reported.
+async fn check_targets(config: &Config, source: &Source) -> usize {
+    let name = &source.config().name;
+    let sinks: Vec<_> = config
+        .sinks
+        .iter()
+        .filter_map(|s| match s {
+            config::SinkConfig::Postgres(c)
+                if c.sources.as_ref().is_none_or(|list| list.contains(name)) =>
+            {
+                Some(c)
+            }
+            _ => None,
+        })
+        .collect();
+    if sinks.is_empty() {
+        return 0;
+    }
+    let relations = match source.published_relations().await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: source `{name}`: cannot list the published tables: {e}");
+            return 1;
+        }
+    };
+    let mut problems = 0;
+    for sink in sinks {
+        match walbridge_sink_postgres::check_tables(sink, name, &relations).await {
+            Ok(found) if found.is_empty() => println!(
+                "ok: sink `{}`: the {} table(s) source `{name}` publishes map onto the target",
+                sink.name,
+                relations.len()
+            ),
+            Ok(found) => {
+                for problem in &found {
+                    eprintln!("error: sink `{}`: {problem}", sink.name);
+                }
+                problems += found.len();
+            }
+            // The health check below reports an unreachable target.
+            Err(_) => {}
+        }
+    }
+    problems
 }
 
 async fn drop_sources(path: &std::path::Path, only: Option<&str>) -> Result<(), Failure> {
