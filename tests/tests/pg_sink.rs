@@ -709,6 +709,40 @@ fn fan_in_of_two_databases_with_renaming_and_a_source_column() {
             .psql("SELECT string_agg(roname, ',' ORDER BY roname) FROM pg_replication_origin"),
         "walbridge_combined_shop_a,walbridge_combined_shop_b,walbridge_per_source_shop_a,walbridge_per_source_shop_b"
     );
+    // A source stopped on a conflict holds up neither the other source of
+    // the same sink nor the other sink, however long it has been retrying.
+    subscriber.psql("INSERT INTO shop_a.orders VALUES (50, 'local')");
+    publisher.psql_db("shop_a", "INSERT INTO orders VALUES (50, 'remote')");
+    let deadline = std::time::Instant::now() + WAIT;
+    while !wb.log().contains("conflict on target table shop_a.orders") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no conflict; log:\n{}",
+            wb.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(5));
+    publisher.psql_db(
+        "shop_b",
+        "INSERT INTO orders VALUES (200, 'while a is stopped')",
+    );
+    let got = subscriber.wait_for(
+        "SELECT count(*) FROM shop_b.orders WHERE id = 200",
+        "1",
+        Duration::from_secs(4),
+    );
+    assert_eq!(got, "1", "shop_b waited for shop_a; log:\n{}", wb.log());
+    wait(
+        "SELECT count(*) FROM all_orders WHERE origin = 'shop_a' AND id = 50",
+        "1",
+    );
+    assert_eq!(
+        subscriber.psql("SELECT item FROM shop_a.orders WHERE id = 50"),
+        "local"
+    );
+    subscriber.psql("DELETE FROM shop_a.orders WHERE id = 50");
+    wait("SELECT item FROM shop_a.orders WHERE id = 50", "remote");
     let status = running.stop(WAIT);
     assert!(status.success(), "exit {status}; log:\n{}", wb.log());
 }

@@ -38,5 +38,5 @@ pub mod target;
 pub use config::{OnConflict, PostgresSinkConfig, ProgressMode, SynchronousCommit};
 pub use connect::{check_tables, health_check};
 pub use error::{SinkError, StoppedOn};
-pub use sink::{PostgresSink, SourceLog};
+pub use sink::{PostgresSink, PostgresSinkHandle, SourceLog};
 pub use skip::skip;

@@ -29,6 +29,24 @@ pub struct SourceLog {
     pub log: Log,
 }
 
+/// Makes [`PostgresSink`]s sharing one configuration and state.
+#[derive(Clone)]
+pub struct PostgresSinkHandle {
+    config: Arc<PostgresSinkConfig>,
+    state: Arc<SinkState>,
+}
+
+impl PostgresSinkHandle {
+    /// A sink sharing the configuration and state, nothing connected.
+    pub fn sink(&self) -> PostgresSink {
+        PostgresSink {
+            config: self.config.clone(),
+            state: self.state.clone(),
+            appliers: HashMap::new(),
+        }
+    }
+}
+
 /// A postgres sink.
 pub struct PostgresSink {
     config: Arc<PostgresSinkConfig>,
@@ -48,6 +66,16 @@ impl PostgresSink {
             state: Arc::new(state),
             appliers: HashMap::new(),
         })
+    }
+
+    /// A handle that makes more of the same sink (same configuration and
+    /// state), to apply some of its sources on their own: a source that
+    /// stops on a conflict then never holds up the others.
+    pub fn handle(&self) -> PostgresSinkHandle {
+        PostgresSinkHandle {
+            config: self.config.clone(),
+            state: self.state.clone(),
+        }
     }
 
     /// The sink's name.

@@ -25,7 +25,7 @@ use walbridge_log::{Appender, Log, LogReader, LogWriter};
 use walbridge_source::{Downstream, Source};
 
 use crate::config::{Config, SinkConfig};
-use crate::sink::{LogPosition, Routed, Sink, SourceContext};
+use crate::sink::{LogPosition, Reopen, Routed, Sink, SourceContext};
 
 /// Event batches (up to 256 events each) queued between a source and its log.
 const QUEUE: usize = 64;
@@ -125,16 +125,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 }),
             });
         }
-        sinks.push((
-            sink_config.name().to_owned(),
-            tokio::spawn(supervise(
-                sink,
-                sink_config.clone(),
-                cursor_dir.clone(),
-                inputs,
-                closing_rx.clone(),
-            )),
-        ));
+        for (unit, inputs, reopen) in sink.into_units(inputs, sink_config, &cursor_dir) {
+            sinks.push((
+                sink_config.name().to_owned(),
+                tokio::spawn(supervise(
+                    unit,
+                    reopen,
+                    sink_config.name().to_owned(),
+                    inputs,
+                    closing_rx.clone(),
+                )),
+            ));
+        }
     }
 
     let mut sources = JoinSet::new();
@@ -368,12 +370,11 @@ enum SinkStop {
 /// backoff when it fails; gives up only on failures a retry cannot cure.
 async fn supervise(
     first: Sink,
-    config: SinkConfig,
-    cursor_dir: PathBuf,
+    reopen: Reopen,
+    name: String,
     inputs: Vec<SinkInput>,
     closing: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let name = config.name().to_owned();
     let mut next = Some(first);
     let mut backoff = FIRST_BACKOFF;
     loop {
@@ -382,8 +383,8 @@ async fn supervise(
             Some(sink) => Ok(sink),
             // Opening may block (a FIFO waits for its reader): not on a runtime thread.
             None => {
-                let (config, dir) = (config.clone(), cursor_dir.clone());
-                tokio::task::spawn_blocking(move || Sink::open(&config, &dir))
+                let reopen = reopen.clone();
+                tokio::task::spawn_blocking(move || reopen.open())
                     .await
                     .map_err(|e| anyhow!("sink `{name}`: opening panicked: {e}"))
                     .and_then(|r| r)

@@ -7,6 +7,25 @@ pub mod jsonl;
 
 pub use walbridge_log::{LogPosition, Routed, SourceContext};
 
+/// How a sink that failed is opened again.
+#[derive(Clone)]
+pub enum Reopen {
+    /// From its configuration (reloading its cursor).
+    Config(crate::config::SinkConfig, std::path::PathBuf),
+    /// As another unit of a postgres sink, sharing its state.
+    PostgresUnit(walbridge_sink_postgres::PostgresSinkHandle),
+}
+
+impl Reopen {
+    /// Opens the sink again; may block (a FIFO waits for its reader).
+    pub fn open(&self) -> anyhow::Result<Sink> {
+        match self {
+            Reopen::Config(config, dir) => Sink::open(config, dir),
+            Reopen::PostgresUnit(handle) => Ok(Sink::Postgres(handle.sink())),
+        }
+    }
+}
+
 /// A configured sink, opened.
 pub enum Sink {
     /// Newline-delimited JSON.
@@ -40,6 +59,38 @@ impl Sink {
         match self {
             Sink::Jsonl(s) => s.stored_position(source).cloned(),
             Sink::Postgres(s) => s.stored_position(source),
+        }
+    }
+
+    /// The sink split into the parts that run (and fail, and are retried)
+    /// on their own, each with the inputs it reads and how to reopen it: a
+    /// postgres sink applies every source on its own, other sinks take all
+    /// their sources together.
+    pub fn into_units<I>(
+        self,
+        inputs: Vec<I>,
+        config: &crate::config::SinkConfig,
+        cursor_dir: &std::path::Path,
+    ) -> Vec<(Sink, Vec<I>, Reopen)> {
+        match self {
+            Sink::Postgres(sink) => {
+                let handle = sink.handle();
+                inputs
+                    .into_iter()
+                    .map(|input| {
+                        (
+                            Sink::Postgres(handle.sink()),
+                            vec![input],
+                            Reopen::PostgresUnit(handle.clone()),
+                        )
+                    })
+                    .collect()
+            }
+            sink => vec![(
+                sink,
+                inputs,
+                Reopen::Config(config.clone(), cursor_dir.to_owned()),
+            )],
         }
     }
 
