@@ -212,10 +212,13 @@ publications = ["p"]
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/walbridge.toml");
         let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
         let c = Config::parse(&text, |v| {
-            (v == "WALBRIDGE_PASSWORD").then(|| "pw".to_owned())
+            matches!(v, "WALBRIDGE_PASSWORD" | "REPLICA_PASSWORD").then(|| "pw".to_owned())
         })
         .unwrap_or_else(|e| panic!("{e:#}"));
         assert_eq!(c.sources[0].publications, ["app_pub"]);
+        assert!(
+            matches!(&c.sinks[1], SinkConfig::Postgres(p) if p.progress_table == "walbridge.progress")
+        );
     }
 
     #[test]
