@@ -87,10 +87,15 @@ impl<T> InFlight<T> {
         self.queue.push_back((tag, bytes, request));
     }
 
-    /// The oldest request's tag and outcome, `None` when nothing is in flight.
+    /// The oldest request's tag and outcome, `None` when nothing is in
+    /// flight. Cancel-safe: a request is only taken off the queue with its
+    /// outcome, so one awaited in a `select!` that another branch wins is
+    /// still there, half-read, for the next call.
     pub async fn next(&mut self) -> Option<(T, Outcome)> {
-        let (tag, bytes, request) = self.queue.pop_front()?;
+        let (_, _, request) = self.queue.front_mut()?;
+        let outcome = request.await;
+        let (tag, bytes, _) = self.queue.pop_front()?;
         self.bytes -= bytes;
-        Some((tag, request.await))
+        Some((tag, outcome))
     }
 }

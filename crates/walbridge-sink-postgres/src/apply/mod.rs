@@ -280,14 +280,29 @@ impl Applier {
                 Ok(routed) => routed,
                 Err(mpsc::error::TryRecvError::Disconnected) => break,
                 Err(mpsc::error::TryRecvError::Empty) => {
-                    // Nothing more right now: commit what is applied and take the results.
-                    self.commit().await?;
-                    self.drain().await?;
+                    // Nothing more right now: commit what is applied — once
+                    // the previous COMMIT is through, so that while the
+                    // target is busy the next group grows instead of
+                    // queueing behind it — and take results while waiting,
+                    // going on with new input as soon as there is some.
                     let next = loop {
-                        tokio::select! {
-                            next = input.recv() => break next,
-                            _ = tokio::time::sleep(FLUSH_POLL), if !self.unflushed.is_empty() => {
-                                self.check_flushed().await?;
+                        if self.commits_in_flight == 0 {
+                            self.commit().await?;
+                        }
+                        if self.inflight.is_empty() {
+                            tokio::select! {
+                                next = input.recv() => break next,
+                                _ = tokio::time::sleep(FLUSH_POLL), if !self.unflushed.is_empty() => {
+                                    self.check_flushed().await?;
+                                }
+                            }
+                        } else {
+                            tokio::select! {
+                                biased;
+                                next = input.recv() => break next,
+                                taken = self.take_one() => {
+                                    taken?;
+                                }
                             }
                         }
                     };
