@@ -722,7 +722,8 @@ fn fan_in_of_two_databases_with_renaming_and_a_source_column() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    std::thread::sleep(Duration::from_secs(5));
+    // Long enough for the retries to back off to several seconds.
+    std::thread::sleep(Duration::from_secs(8));
     publisher.psql_db(
         "shop_b",
         "INSERT INTO orders VALUES (200, 'while a is stopped')",
@@ -730,7 +731,7 @@ fn fan_in_of_two_databases_with_renaming_and_a_source_column() {
     let got = subscriber.wait_for(
         "SELECT count(*) FROM shop_b.orders WHERE id = 200",
         "1",
-        Duration::from_secs(4),
+        Duration::from_secs(6),
     );
     assert_eq!(got, "1", "shop_b waited for shop_a; log:\n{}", wb.log());
     wait(
