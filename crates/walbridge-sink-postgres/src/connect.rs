@@ -30,8 +30,18 @@ pub async fn connect(
 
 /// Opens a connection for applying: `session_replication_role = replica`
 /// (ordinary triggers and foreign-key checks do not fire; `ENABLE REPLICA`
-/// and `ENABLE ALWAYS` triggers do, as on a native subscriber) and the
-/// configured `synchronous_commit`.
+/// and `ENABLE ALWAYS` triggers do, as on a native subscriber), the
+/// configured `synchronous_commit`, and generic plans for the sink's
+/// prepared statements.
+///
+/// Why generic plans: a custom plan for a batch (`… FROM unnest($1, …)`)
+/// sees the arrays' real length, and for a few thousand keys the planner,
+/// costing index probes as random reads, prefers hashing the whole table
+/// (measured: 0.5 s for 5,000 updates of a 1,000,000-row table, against
+/// 50 ms through its primary key). A generic plan assumes a few rows: an
+/// index probe per row where the target has an index on the identity, one
+/// scan of the table with the batch hashed where it has none — the right
+/// plan in both cases — and it is planned once instead of on every batch.
 pub async fn connect_for_apply(
     config: &PostgresSinkConfig,
     params: &ConnParams,
@@ -59,12 +69,12 @@ pub async fn connect_for_apply(
         })?;
     client
         .batch_execute(&format!(
-            "SET synchronous_commit = {}",
+            "SET synchronous_commit = {}; SET plan_cache_mode = force_generic_plan",
             config.synchronous_commit.as_sql()
         ))
         .await
         .map_err(|source| SinkError::Target {
-            what: "setting synchronous_commit".into(),
+            what: "setting synchronous_commit and plan_cache_mode".into(),
             source,
         })?;
     Ok(client)
