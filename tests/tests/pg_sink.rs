@@ -116,6 +116,12 @@ fn copy_then_changes_with_an_insert_only_publication() {
             .psql("SELECT count(*) FROM pg_replication_origin_status s JOIN pg_replication_origin o ON o.roident = s.local_id WHERE o.roname = 'walbridge_replica_src' AND s.remote_lsn > '0/0'"),
         "1"
     );
+    // The origins of the copy's lanes (three tables: two lanes) are gone.
+    assert_eq!(
+        r.subscriber
+            .psql("SELECT count(*) FROM pg_replication_origin WHERE roname LIKE 'walbridge\\_replica\\_src\\_copy%'"),
+        "0"
+    );
     let status = running.stop(WAIT);
     assert!(status.success(), "exit {status}; log:\n{}", r.wb.log());
 }
@@ -1151,6 +1157,72 @@ fn the_copy_refuses_a_target_with_rows_unless_told_to_empty_it_and_names_missing
     r.wait_equal("only_on_publisher");
     let status = running.stop(WAIT);
     assert!(status.success(), "exit {status}; log:\n{}", r.wb.log());
+}
+
+#[test]
+fn an_interrupted_parallel_copy_copies_again_only_the_lanes_that_did_not_commit() {
+    // `keyed` has a primary key (a second copy of a row would fail), `bag`
+    // none (it would count twice); together about 4 MB of COPY text, so
+    // both lanes get records of both.
+    let r = Replication::new(
+        "CREATE TABLE keyed (id int PRIMARY KEY, pad text);
+         CREATE TABLE bag (id int, pad text)",
+    );
+    let (p, s) = (&r.publisher, &r.subscriber);
+    p.psql("INSERT INTO keyed SELECT g, repeat('k', 60) FROM generate_series(1, 30000) g");
+    p.psql("INSERT INTO bag SELECT g % 1000, repeat('b', 60) FROM generate_series(1, 30000) g");
+    p.psql("CREATE PUBLICATION pub FOR TABLE keyed, bag");
+    // The test holds back the commit of whichever marker `hold` names
+    // (an ENABLE ALWAYS trigger fires while applying).
+    s.psql(
+        "CREATE TABLE public.walbridge_progress (sink text NOT NULL, source text NOT NULL, \
+           lsn pg_lsn NOT NULL, commit_time timestamptz, updated_at timestamptz NOT NULL DEFAULT now(), \
+           PRIMARY KEY (sink, source));
+         CREATE TABLE hold (source text);
+         INSERT INTO hold VALUES ('src/copy 1 of 2');
+         CREATE FUNCTION refuse_held() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN
+             IF NEW.source IN (SELECT source FROM hold) THEN RAISE EXCEPTION 'held by the test: %', NEW.source; END IF;
+             RETURN NEW;
+           END $$;
+         CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON walbridge_progress FOR EACH ROW EXECUTE FUNCTION refuse_held();
+         ALTER TABLE walbridge_progress ENABLE ALWAYS TRIGGER refuse",
+    );
+    r.configure(&["pub"], "", "progress = \"table\"\ncopy_connections = 2");
+    let running = r.start();
+    let markers =
+        "SELECT coalesce(string_agg(source, ',' ORDER BY source), '') FROM walbridge_progress";
+    // Lane 0 commits, lane 1 cannot: part of the rows is in, and stays in
+    // while the sink retries.
+    wait_for_log(&r.wb, "held by the test: src/copy 1 of 2");
+    r.wait_subscriber(markers, "src/copy 0 of 2");
+    let partial: u64 = s
+        .psql("SELECT (SELECT count(*) FROM keyed) + (SELECT count(*) FROM bag)")
+        .parse()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        partial > 0 && partial < 60000,
+        "{partial} rows after lane 0"
+    );
+    // Now lane 1 commits (copying only its own records again), the source's
+    // position cannot.
+    s.psql("UPDATE hold SET source = 'src'");
+    r.wait_subscriber(markers, "src/copy 0 of 2,src/copy 1 of 2");
+    r.wait_equal("keyed");
+    r.wait_equal("bag");
+    // Then the position: the copy is done, the markers go, streaming starts.
+    s.psql("DELETE FROM hold");
+    r.wait_subscriber(markers, "src");
+    p.wait_for_streaming(WAIT);
+    p.psql("INSERT INTO bag VALUES (-1, 'after'); UPDATE keyed SET pad = 'changed' WHERE id <= 10");
+    r.wait_equal("keyed");
+    r.wait_equal("bag");
+    let log = r.wb.log();
+    assert!(
+        log.contains("resuming the initial copy") && log.contains("committed=[0]"),
+        "{log}"
+    );
+    assert!(running.stop(WAIT).success(), "log:\n{}", r.wb.log());
 }
 
 #[test]

@@ -1,10 +1,10 @@
 use std::sync::Arc;
 
 use crate::change::{Change, LogicalMessage};
+use crate::copy_text::CopyText;
 use crate::lsn::Lsn;
 use crate::relation::Relation;
 use crate::time::PgTimestamp;
-use crate::value::Row;
 
 /// The replication origin a transaction was applied under on the publisher
 /// (it was itself replicated from elsewhere).
@@ -39,8 +39,9 @@ pub struct TransactionInfo {
 pub struct SnapshotBatch {
     /// The table the rows belong to.
     pub relation: Arc<Relation>,
-    /// The rows, as of the slot's consistent point.
-    pub rows: Vec<Row>,
+    /// The rows, as of the slot's consistent point, in COPY text format
+    /// with the relation's columns in order.
+    pub rows: CopyText,
     /// The slot's consistent point: the snapshot shows exactly what was
     /// committed before it.
     pub consistent_point: Lsn,

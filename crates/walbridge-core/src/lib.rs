@@ -12,6 +12,7 @@
 //! [`json`]).
 
 mod change;
+pub mod copy_text;
 mod event;
 pub mod json;
 mod lsn;
@@ -22,6 +23,7 @@ mod units;
 mod value;
 
 pub use change::{Change, LogicalMessage, OldRow, OldRowKind, Truncate, TruncateOptions};
+pub use copy_text::{CopyText, CopyTextError};
 pub use event::{EventBatch, Origin, SnapshotBatch, SourceEvent, TransactionInfo};
 pub use lsn::{Lsn, ParseLsnError};
 pub use relation::{Column, Relation, RelationId, ReplicaIdentity, TableName};

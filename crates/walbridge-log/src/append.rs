@@ -117,27 +117,22 @@ impl Appender {
     }
 
     async fn write_snapshot(&mut self, batch: SnapshotBatch) -> Result<(), LogError> {
-        let mut rows = Vec::new();
-        let mut bytes = 0;
         let SnapshotBatch {
             relation,
-            rows: all,
+            rows,
             consistent_point,
         } = batch;
-        let count = all.len();
-        for (i, row) in all.into_iter().enumerate() {
-            bytes += row.iter().map(|d| d.len() + 8).sum::<usize>();
-            rows.push(row);
-            if bytes >= MAX_CHUNK_BYTES || i + 1 == count {
-                let chunk = SnapshotBatch {
-                    relation: relation.clone(),
-                    rows: std::mem::take(&mut rows),
-                    consistent_point,
-                };
-                let payload = self.encoder.snapshot(&chunk);
-                self.writer.append(payload, consistent_point, false).await?;
-                bytes = 0;
-            }
+        if rows.is_empty() {
+            return Ok(());
+        }
+        for rows in rows.split(MAX_CHUNK_BYTES) {
+            let chunk = SnapshotBatch {
+                relation: relation.clone(),
+                rows,
+                consistent_point,
+            };
+            let payload = self.encoder.snapshot(&chunk);
+            self.writer.append(payload, consistent_point, false).await?;
         }
         Ok(())
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use prost::Message as _;
 use walbridge_core::{
-    Change, Column, Datum, EventBatch, LogicalMessage, Lsn, OldRow, OldRowKind, Origin,
+    Change, Column, CopyText, Datum, EventBatch, LogicalMessage, Lsn, OldRow, OldRowKind, Origin,
     PgTimestamp, Relation, ReplicaIdentity, Row, SnapshotBatch, SourceEvent, TableName,
     TransactionInfo, Truncate, TruncateOptions, ValueKind,
 };
@@ -15,7 +15,7 @@ use walbridge_core::{
 use crate::pb;
 
 /// The record format this build writes (`Record.format`).
-pub const FORMAT: u32 = 1;
+pub const FORMAT: u32 = 2;
 
 /// One decoded log record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,6 +85,9 @@ pub enum RecordError {
     /// Well-formed protobuf with contents that make no sense.
     #[error("invalid record: {0}")]
     Invalid(&'static str),
+    /// Snapshot rows that are not COPY text.
+    #[error("invalid snapshot rows in record: {0}")]
+    CopyText(#[from] walbridge_core::CopyTextError),
 }
 
 /// `walbridge.log.v1.Record` with its relation descriptors left encoded.
@@ -191,7 +194,8 @@ impl RecordEncoder {
         let list = relations.list;
         let body = pb::record::Body::Snapshot(pb::SnapshotRows {
             consistent_point: batch.consistent_point.0,
-            rows: batch.rows.iter().map(row_to_pb).collect(),
+            rows: Vec::new(),
+            copy_text: batch.rows.text().clone(),
         });
         finish(list, body)
     }
@@ -433,15 +437,24 @@ fn decode_body(
                 changes,
             }
         }
-        Some(pb::record::Body::Snapshot(s)) => Entry::Snapshot(SnapshotBatch {
-            relation: relation(0)?,
-            rows: s
-                .rows
-                .into_iter()
-                .map(row_from_pb)
-                .collect::<Result<_, _>>()?,
-            consistent_point: Lsn(s.consistent_point),
-        }),
+        Some(pb::record::Body::Snapshot(s)) => {
+            let rows = if s.rows.is_empty() {
+                CopyText::new(s.copy_text)?
+            } else {
+                // Format 1.
+                let rows: Vec<Row> = s
+                    .rows
+                    .into_iter()
+                    .map(row_from_pb)
+                    .collect::<Result<_, _>>()?;
+                CopyText::from_rows(&rows)?
+            };
+            Entry::Snapshot(SnapshotBatch {
+                relation: relation(0)?,
+                rows,
+                consistent_point: Lsn(s.consistent_point),
+            })
+        }
         Some(pb::record::Body::SnapshotComplete(s)) => Entry::SnapshotComplete {
             consistent_point: Lsn(s.consistent_point),
         },

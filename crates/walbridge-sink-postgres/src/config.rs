@@ -91,6 +91,10 @@ fn default_batch_time() -> DurationText {
     DurationText(Duration::from_millis(200))
 }
 
+fn default_copy_connections() -> usize {
+    2
+}
+
 fn default_pipeline_depth() -> usize {
     256
 }
@@ -125,6 +129,12 @@ pub struct PostgresSinkConfig {
     /// stops the sink.
     #[serde(default)]
     pub truncate_before_copy: bool,
+    /// Connections that load the initial copy side by side, each in a
+    /// transaction of its own (all commit once the whole copy is in the
+    /// log; a restart copies again only what did not commit). `1` loads it
+    /// in one transaction on the apply connection.
+    #[serde(default = "default_copy_connections")]
+    pub copy_connections: usize,
     /// Where the applied positions are stored.
     #[serde(default)]
     pub progress: ProgressMode,
@@ -168,6 +178,7 @@ impl PostgresSinkConfig {
         }
         for (key, value) in [
             ("batch_changes", self.batch_changes),
+            ("copy_connections", self.copy_connections),
             ("pipeline_depth", self.pipeline_depth),
         ] {
             if value == 0 {

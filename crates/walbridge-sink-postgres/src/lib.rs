@@ -24,7 +24,6 @@ pub mod apply;
 pub mod batch;
 mod config;
 mod connect;
-pub mod copy;
 mod error;
 pub mod inflight;
 pub mod mapping;

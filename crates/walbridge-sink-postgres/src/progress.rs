@@ -95,15 +95,11 @@ impl ProgressStore {
             ProgressMode::Table => false,
         };
         if use_origin {
-            let name = Self::origin_name(sink, source);
-            client
-                .execute(
-                    "SELECT pg_replication_origin_create($1) WHERE pg_replication_origin_oid($1) IS NULL",
-                    &[&name],
-                )
-                .await
-                .map_err(failed(format!("creating replication origin {name}")))?;
-            return Ok(ProgressStore::Origin { name });
+            let store = ProgressStore::Origin {
+                name: Self::origin_name(sink, source),
+            };
+            store.create_origin(client).await?;
+            return Ok(store);
         }
         let (schema, table) = split_qualified(progress_table).map_err(SinkError::Mapping)?;
         let table = quote_qualified(schema, table);
@@ -125,6 +121,150 @@ impl ProgressStore {
         })
     }
 
+    async fn create_origin(&self, client: &Client) -> Result<(), SinkError> {
+        if let ProgressStore::Origin { name } = self {
+            client
+                .execute(
+                    "SELECT pg_replication_origin_create($1) WHERE pg_replication_origin_oid($1) IS NULL",
+                    &[name],
+                )
+                .await
+                .map_err(failed(format!("creating replication origin {name}")))?;
+        }
+        Ok(())
+    }
+
+    /// Where lane `lane` of `lanes` of the initial copy marks that it
+    /// committed (see [`crate::apply`]'s copy lanes): an origin
+    /// `<origin>_copy_<lane>_of_<lanes>`, or the progress table row
+    /// `<source>/copy <lane> of <lanes>`. Created when missing.
+    pub async fn open_copy_lane(
+        &self,
+        client: &Client,
+        lane: usize,
+        lanes: usize,
+    ) -> Result<ProgressStore, SinkError> {
+        let store = match self {
+            ProgressStore::Origin { name } => ProgressStore::Origin {
+                name: format!("{name}_copy_{lane}_of_{lanes}"),
+            },
+            ProgressStore::Table {
+                table,
+                sink,
+                source,
+            } => ProgressStore::Table {
+                table: table.clone(),
+                sink: sink.clone(),
+                source: format!("{source}/copy {lane} of {lanes}"),
+            },
+        };
+        store.create_origin(client).await?;
+        Ok(store)
+    }
+
+    /// The copy lanes whose markers say they committed the initial copy
+    /// taken at `consistent_point`: how many lanes that copy had and which
+    /// committed. Markers of other copies (an earlier slot) do not count.
+    pub async fn copy_lanes_done(
+        &self,
+        client: &Client,
+        consistent_point: Lsn,
+    ) -> Result<Option<(usize, Vec<usize>)>, SinkError> {
+        let markers: Vec<(String, Option<String>)> = match self {
+            ProgressStore::Origin { name } => client
+                .query(
+                    "SELECT substr(roname, length($1) + 1), pg_replication_origin_progress(roname, false)::text \
+                     FROM pg_replication_origin WHERE starts_with(roname, $1)",
+                    &[&format!("{name}_copy_")],
+                )
+                .await
+                .map_err(failed("reading the initial copy's lane origins"))?,
+            ProgressStore::Table {
+                table,
+                sink,
+                source,
+            } => client
+                .query(
+                    &format!(
+                        "SELECT substr(source, length($2) + 1), lsn::text FROM {table} \
+                         WHERE sink = $1 AND starts_with(source, $2)"
+                    ),
+                    &[sink, &format!("{source}/copy ")],
+                )
+                .await
+                .map_err(failed(format!("reading the initial copy's lanes from {table}")))?,
+        }
+        .into_iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+        let mut found = None;
+        let mut done = Vec::new();
+        for (rest, position) in markers {
+            let Some((lane, lanes)) = parse_lane(&rest) else {
+                continue;
+            };
+            if position.and_then(|p| p.parse::<Lsn>().ok()) != Some(consistent_point) {
+                continue;
+            }
+            if *found.get_or_insert(lanes) == lanes {
+                done.push(lane);
+            }
+        }
+        Ok(found.map(|lanes| (lanes, done)))
+    }
+
+    /// Removes every copy lane marker of this source (after the source's
+    /// own position covers the copy). An origin still bound elsewhere, or
+    /// one the role may not drop, stays: markers only count for the copy
+    /// they were written for.
+    pub async fn drop_copy_lanes(&self, client: &Client) -> Result<(), SinkError> {
+        match self {
+            ProgressStore::Origin { name } => client
+                .batch_execute(&format!(
+                    "DO $$ DECLARE o text; BEGIN \
+                       FOR o IN SELECT roname FROM pg_replication_origin WHERE starts_with(roname, {}) LOOP \
+                         PERFORM pg_replication_origin_drop(o); \
+                       END LOOP; END $$",
+                    quote_literal(&format!("{name}_copy_"))
+                ))
+                .await
+                .map_err(failed("dropping the initial copy's lane origins")),
+            ProgressStore::Table {
+                table,
+                sink,
+                source,
+            } => client
+                .execute(
+                    &format!("DELETE FROM {table} WHERE sink = $1 AND starts_with(source, $2)"),
+                    &[sink, &format!("{source}/copy ")],
+                )
+                .await
+                .map(|_| ())
+                .map_err(failed(format!("removing the initial copy's lanes from {table}"))),
+        }
+    }
+
+    /// The message that ends a transaction recording `lsn`: one simple
+    /// query, so that nothing can fail or wait between setting the position
+    /// and COMMIT (PostgreSQL records the session's origin position in an
+    /// abort record too, so walbridge dying in between would abort the
+    /// transaction and still move the origin past its changes). Deferred
+    /// constraints are checked first, while an error still rolls back
+    /// without touching the position; an earlier error in the transaction
+    /// makes every statement here fail the same way.
+    pub fn commit_sql(&self, lsn: Lsn, commit_time: PgTimestamp) -> String {
+        // With an origin, the commit record carries the position only if
+        // the transaction has an id.
+        let xid = match self {
+            ProgressStore::Origin { .. } => "SELECT pg_current_xact_id(); ",
+            ProgressStore::Table { .. } => "",
+        };
+        format!(
+            "SET CONSTRAINTS ALL IMMEDIATE; {xid}{}; COMMIT",
+            self.record_sql(lsn, commit_time)
+        )
+    }
+
     /// Binds the apply session to the origin, so its commits carry it.
     pub async fn bind_session(&self, client: &Client) -> Result<(), SinkError> {
         if let ProgressStore::Origin { name } = self {
@@ -136,6 +276,11 @@ impl ProgressStore {
                     Some("55006") => SinkError::Privilege {
                         what: format!("replication origin {name} is in use by another session"),
                         fix: "another walbridge (or `walbridge skip`) is applying with this sink name; stop it, or give this sink another name".into(),
+                    },
+                    // 53400 configuration_limit_exceeded: no free origin state.
+                    Some("53400") => SinkError::Privilege {
+                        what: format!("no free replication origin slot on the target for {name}"),
+                        fix: "raise max_replication_slots on the target (each source of a postgres sink holds one origin, and 1 + copy_connections during its initial copy), or lower copy_connections".into(),
                     },
                     _ => SinkError::Target {
                         what: format!("binding the session to replication origin {name}"),
@@ -200,12 +345,6 @@ impl ProgressStore {
         }
     }
 
-    /// True when an otherwise empty transaction must be given a
-    /// transaction id for its commit to record the position.
-    pub fn needs_xid(&self) -> bool {
-        matches!(self, ProgressStore::Origin { .. })
-    }
-
     /// Moves the stored position to `to`, outside the apply session (for
     /// `walbridge skip`); fails if the position is not `from` any more.
     pub async fn advance(
@@ -243,6 +382,19 @@ impl ProgressStore {
                 .map_err(failed("advancing the progress table")),
         }
     }
+}
+
+/// `<lane>_of_<lanes>` or `<lane> of <lanes>`, lane below lanes.
+fn parse_lane(text: &str) -> Option<(usize, usize)> {
+    let (lane, lanes) = text
+        .split_once("_of_")
+        .or_else(|| text.split_once(" of "))?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(lane) || !digits(lanes) {
+        return None;
+    }
+    let (lane, lanes) = (lane.parse().ok()?, lanes.parse().ok()?);
+    (lane < lanes).then_some((lane, lanes))
 }
 
 /// Superusers may; others need EXECUTE on every origin function.

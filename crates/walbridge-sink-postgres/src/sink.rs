@@ -121,6 +121,12 @@ impl PostgresSink {
                     source,
                 },
             })?;
+            if applied.is_some()
+                && let Err(e) = progress.drop_copy_lanes(&client).await
+            {
+                // Left over by a run that stopped right after the copy.
+                tracing::warn!(sink = %self.config.name, source = %name, error = %e, "could not remove the initial copy's lane markers (they are ignored by later copies)");
+            }
             if let Some(stopped) = self.state.stopped_on(name)
                 && applied.is_some_and(|a| a >= stopped.end_lsn)
             {

@@ -22,15 +22,14 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use tokio::sync::{Mutex, mpsc};
-use walbridge_core::{Datum, EventBatch, Lsn, Relation, Row, SnapshotBatch, SourceEvent};
+use walbridge_core::{CopyText, EventBatch, Lsn, Relation, SnapshotBatch, SourceEvent};
 
 use crate::catalog::{CatalogError, PublishedTable, TypeCatalog, describe_table};
 use crate::wire::{ConnParams, ConnectionError, connect_sql};
 use walbridge_pg::{quote_ident, quote_literal};
 
-/// Rows per batch handed downstream.
-const BATCH_ROWS: usize = 1000;
-/// Bytes per batch handed downstream.
+/// Bytes of rows per batch handed downstream: at most the log's record
+/// size (`walbridge_log::MAX_CHUNK_BYTES`), so a batch is one record.
 const BATCH_BYTES: usize = 1 << 20;
 
 /// The snapshot failed.
@@ -51,12 +50,12 @@ pub enum SnapshotError {
     #[error(transparent)]
     Catalog(#[from] CatalogError),
     /// COPY output did not parse.
-    #[error("snapshot of {table}: malformed COPY row: {reason}")]
+    #[error("snapshot of {table}: {source}")]
     Malformed {
         /// The table.
         table: String,
         /// What was wrong.
-        reason: String,
+        source: walbridge_core::CopyTextError,
     },
     /// Downstream went away.
     #[error("snapshot output closed")]
@@ -250,11 +249,15 @@ async fn copy_job(
             source,
         })?;
     futures_util::pin_mut!(stream);
+    // The rows are kept as the COPY text the server wrote (see
+    // `walbridge_core::copy_text`); only whole lines go downstream.
     let mut pending = BytesMut::new();
-    let mut batch: Vec<Row> = Vec::new();
-    let mut batch_bytes = 0;
-    let ncols = job.relation.columns.len();
-    let send = |rows: Vec<Row>| async {
+    let send = |text: Bytes| async {
+        let rows = CopyText::new(text).map_err(|source| SnapshotError::Malformed {
+            table: table.clone(),
+            source,
+        })?;
+        let n = rows.len() as u64;
         events
             .send(vec![SourceEvent::Snapshot(SnapshotBatch {
                 relation: job.relation.clone(),
@@ -262,7 +265,10 @@ async fn copy_job(
                 consistent_point,
             })])
             .await
-            .map_err(|_| SnapshotError::Closed)
+            .map_err(|_| SnapshotError::Closed)?;
+        progress.rows.fetch_add(n, Ordering::Relaxed);
+        job.tally.rows.fetch_add(n, Ordering::Relaxed);
+        Ok::<(), SnapshotError>(())
     };
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|source| SnapshotError::Copy {
@@ -275,43 +281,18 @@ async fn copy_job(
         job.tally
             .bytes
             .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-        // PostgreSQL sends one row per CopyData, so a chunk is normally one whole line.
-        let lines = if pending.is_empty() && chunk.ends_with(b"\n") {
-            chunk
-        } else {
-            pending.extend_from_slice(&chunk);
-            match pending.iter().rposition(|&b| b == b'\n') {
-                Some(end) => pending.split_to(end + 1).freeze(),
-                None => continue,
-            }
-        };
-        for line in split_lines(&lines) {
-            let row = parse_copy_line(line, ncols).map_err(|reason| SnapshotError::Malformed {
-                table: table.clone(),
-                reason,
-            })?;
-            batch_bytes += row.iter().map(Datum::len).sum::<usize>();
-            batch.push(row);
-            if batch.len() >= BATCH_ROWS || batch_bytes >= BATCH_BYTES {
-                let n = batch.len() as u64;
-                send(std::mem::take(&mut batch)).await?;
-                batch_bytes = 0;
-                progress.rows.fetch_add(n, Ordering::Relaxed);
-                job.tally.rows.fetch_add(n, Ordering::Relaxed);
-            }
+        // Batches stay within BATCH_BYTES (the log's record size) unless
+        // one row is larger. PostgreSQL sends a row per message, so
+        // `pending` normally ends at the end of a row.
+        if pending.len() + chunk.len() > BATCH_BYTES
+            && let Some(end) = memchr::memrchr(b'\n', &pending)
+        {
+            send(pending.split_to(end + 1).freeze()).await?;
         }
+        pending.extend_from_slice(&chunk);
     }
     if !pending.is_empty() {
-        return Err(SnapshotError::Malformed {
-            table,
-            reason: "COPY output ended inside a row".into(),
-        });
-    }
-    if !batch.is_empty() {
-        let n = batch.len() as u64;
-        send(batch).await?;
-        progress.rows.fetch_add(n, Ordering::Relaxed);
-        job.tally.rows.fetch_add(n, Ordering::Relaxed);
+        send(pending.freeze()).await?;
     }
     if job.tally.chunks_left.fetch_sub(1, Ordering::AcqRel) == 1 {
         progress.tables_done.fetch_add(1, Ordering::Relaxed);
@@ -330,120 +311,4 @@ async fn copy_job(
         );
     }
     Ok(())
-}
-
-fn split_lines(lines: &Bytes) -> impl Iterator<Item = Bytes> + '_ {
-    let mut start = 0;
-    std::iter::from_fn(move || {
-        let end = lines[start..].iter().position(|&b| b == b'\n')? + start;
-        let line = lines.slice(start..end);
-        start = end + 1;
-        Some(line)
-    })
-}
-
-/// Parses one line of COPY text format (without its newline): tab-separated
-/// fields, `\N` for NULL, backslash escapes. Fields without escapes share
-/// the line's memory.
-pub fn parse_copy_line(line: Bytes, expected: usize) -> Result<Row, String> {
-    let mut row = Vec::with_capacity(expected);
-    let mut start = 0;
-    loop {
-        let end = line[start..]
-            .iter()
-            .position(|&b| b == b'\t')
-            .map_or(line.len(), |p| p + start);
-        let field = line.slice(start..end);
-        row.push(if &field[..] == b"\\N" {
-            Datum::Null
-        } else if field.contains(&b'\\') {
-            Datum::Text(unescape(&field)?)
-        } else {
-            Datum::Text(field)
-        });
-        if end == line.len() {
-            break;
-        }
-        start = end + 1;
-    }
-    if row.len() != expected {
-        return Err(format!("{} fields, expected {expected}", row.len()));
-    }
-    Ok(row)
-}
-
-fn unescape(field: &[u8]) -> Result<Bytes, String> {
-    let mut out = Vec::with_capacity(field.len());
-    let mut i = 0;
-    while i < field.len() {
-        let b = field[i];
-        if b != b'\\' {
-            out.push(b);
-            i += 1;
-            continue;
-        }
-        let Some(&next) = field.get(i + 1) else {
-            return Err("trailing backslash".into());
-        };
-        i += 2;
-        match next {
-            b'b' => out.push(8),
-            b'f' => out.push(12),
-            b'n' => out.push(b'\n'),
-            b'r' => out.push(b'\r'),
-            b't' => out.push(b'\t'),
-            b'v' => out.push(11),
-            b'x' => {
-                let digits: Vec<u8> = field[i..]
-                    .iter()
-                    .take(2)
-                    .take_while(|c| c.is_ascii_hexdigit())
-                    .copied()
-                    .collect();
-                if digits.is_empty() {
-                    out.push(b'x');
-                } else {
-                    i += digits.len();
-                    let text = std::str::from_utf8(&digits).map_err(|e| e.to_string())?;
-                    out.push(u8::from_str_radix(text, 16).map_err(|e| e.to_string())?);
-                }
-            }
-            b'0'..=b'7' => {
-                let mut value = u32::from(next - b'0');
-                let mut n = 1;
-                while n < 3 && field.get(i).is_some_and(|c| (b'0'..=b'7').contains(c)) {
-                    value = value * 8 + u32::from(field[i] - b'0');
-                    i += 1;
-                    n += 1;
-                }
-                out.push((value & 0xff) as u8);
-            }
-            other => out.push(other),
-        }
-    }
-    Ok(Bytes::from(out))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn text(s: &str) -> Datum {
-        Datum::Text(Bytes::copy_from_slice(s.as_bytes()))
-    }
-
-    #[test]
-    fn parses_copy_text_rows() {
-        let row = parse_copy_line(Bytes::from_static(b"1\t\\N\ta\\tb\\\\c\\nd\t\\101\\x42"), 4)
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(
-            row,
-            vec![text("1"), Datum::Null, text("a\tb\\c\nd"), text("AB")]
-        );
-        assert!(parse_copy_line(Bytes::from_static(b"1\t2"), 3).is_err());
-        assert_eq!(
-            parse_copy_line(Bytes::from_static(b""), 1),
-            Ok(vec![text("")])
-        );
-    }
 }

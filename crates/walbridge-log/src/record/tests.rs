@@ -120,12 +120,39 @@ fn every_kind_of_change_round_trips() {
     }
 }
 
+fn copy_text(rows: &[Row]) -> CopyText {
+    CopyText::from_rows(rows).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn format_1_snapshot_rows_read_as_copy_text() {
+    let rows = vec![vec![text("1"), text("a\tb")], vec![text("2"), Datum::Null]];
+    let mut encoder = RecordEncoder::default();
+    let mut relations = encoder.relations();
+    relations.index(&relation(3, "c"));
+    let payload = finish(
+        relations.list,
+        pb::record::Body::Snapshot(pb::SnapshotRows {
+            consistent_point: 500,
+            rows: rows.iter().map(row_to_pb).collect(),
+            copy_text: Bytes::new(),
+        }),
+    );
+    match decode(Bytes::from(payload)) {
+        Ok(Entry::Snapshot(batch)) => {
+            assert_eq!(batch.rows, copy_text(&rows));
+            assert_eq!(&batch.rows.text()[..], b"1\ta\\tb\n2\t\\N\n");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn snapshots_and_messages_round_trip() {
     let mut encoder = RecordEncoder::default();
     let batch = SnapshotBatch {
         relation: relation(3, "c"),
-        rows: vec![vec![text("1"), text("{a,b}")], vec![text("2"), Datum::Null]],
+        rows: copy_text(&[vec![text("1"), text("{a,b}")], vec![text("2"), Datum::Null]]),
         consistent_point: Lsn(500),
     };
     let entry = decode(Bytes::from(encoder.snapshot(&batch))).unwrap_or_else(|e| panic!("{e}"));
@@ -152,7 +179,7 @@ fn snapshots_and_messages_round_trip() {
 fn the_generated_record_type_reads_what_the_encoder_writes() {
     let batch = SnapshotBatch {
         relation: relation(3, "c"),
-        rows: vec![vec![text("1"), text("{a,b}")]],
+        rows: copy_text(&[vec![text("1"), text("{a,b}")]]),
         consistent_point: Lsn(500),
     };
     let payload = RecordEncoder::default().snapshot(&batch);

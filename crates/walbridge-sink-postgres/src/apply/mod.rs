@@ -51,7 +51,7 @@ use crate::progress::ProgressStore;
 use crate::state::SinkState;
 use crate::statement::{InsertMode, Shape};
 use crate::target::TargetCatalog;
-use snapshot::CopyIn;
+use snapshot::{CopyIn, Lanes};
 
 /// How often positions awaiting the target's WAL flush are checked while idle.
 const FLUSH_POLL: Duration = Duration::from_millis(100);
@@ -204,6 +204,8 @@ pub struct Applier {
     group: Group,
     txn: Option<Arc<TransactionInfo>>,
     copy: Option<CopyIn>,
+    /// The initial copy over several connections.
+    lanes: Option<Lanes>,
     copied: HashSet<Oid>,
     /// Inside the initial copy (it may still be arriving, and may never be
     /// finished if the source stops): nothing commits until its end.
@@ -261,6 +263,7 @@ impl Applier {
             group: Group::default(),
             txn: None,
             copy: None,
+            lanes: None,
             copied: HashSet::new(),
             in_snapshot: false,
             isolate,
@@ -336,6 +339,9 @@ impl Applier {
     /// complete: the group may end here.
     async fn unit_end(&mut self, position: LogPosition) -> Result<(), SinkError> {
         self.group.position = Some(position);
+        if !self.in_snapshot && self.lanes.is_some() {
+            return self.finish_lanes().await;
+        }
         let limits = &self.config;
         let full = self.group.changes >= limits.batch_changes
             || self.group.bytes as u64 >= limits.batch_bytes.0
@@ -353,10 +359,7 @@ impl Applier {
 
     async fn event(&mut self, event: SourceEvent) -> Result<(), SinkError> {
         match event {
-            SourceEvent::Snapshot(batch) => {
-                self.in_snapshot = true;
-                self.snapshot_rows(batch).await
-            }
+            SourceEvent::Snapshot(batch) => self.snapshot_rows(batch).await,
             SourceEvent::SnapshotComplete { .. } => {
                 self.in_snapshot = false;
                 self.finish_copy().await
@@ -518,21 +521,7 @@ impl Applier {
             isolated: group.isolated,
             last_txn: group.last_txn,
         };
-        let record = self.progress.record_sql(position.lsn, group.commit_time);
-        // One message: PostgreSQL records the session's origin position in
-        // an abort record too, so once the position is set nothing may fail
-        // or wait before COMMIT (walbridge dying in between would abort the
-        // transaction and still move the origin past its changes). Deferred
-        // constraints are checked first, while an error still rolls back
-        // without touching the position; an earlier error in the group
-        // makes every statement here fail the same way.
-        let xid = if self.progress.needs_xid() {
-            // The commit record carries the position only if there is one.
-            "SELECT pg_current_xact_id(); "
-        } else {
-            ""
-        };
-        let finish = format!("SET CONSTRAINTS ALL IMMEDIATE; {xid}{record}; COMMIT");
+        let finish = self.progress.commit_sql(position.lsn, group.commit_time);
         self.send(
             Purpose::Commit(Box::new(committed)),
             simple(&self.client, finish),

@@ -11,7 +11,7 @@ pub use walbridge_log::{LogPosition, Routed, SourceContext};
 #[derive(Clone)]
 pub enum Reopen {
     /// From its configuration (reloading its cursor).
-    Config(crate::config::SinkConfig, std::path::PathBuf),
+    Config(Box<crate::config::SinkConfig>, std::path::PathBuf),
     /// As another unit of a postgres sink, sharing its state.
     PostgresUnit(walbridge_sink_postgres::PostgresSinkHandle),
 }
@@ -89,7 +89,7 @@ impl Sink {
             sink => vec![(
                 sink,
                 inputs,
-                Reopen::Config(config.clone(), cursor_dir.to_owned()),
+                Reopen::Config(Box::new(config.clone()), cursor_dir.to_owned()),
             )],
         }
     }

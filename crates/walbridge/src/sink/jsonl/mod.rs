@@ -225,7 +225,8 @@ impl JsonlSink {
                 .entry(routed.source.name.clone())
                 .or_insert_with(|| (routed.source.clone(), SourceCursor::default()));
             for event in routed.events {
-                write_event(&encoder, &mut buffer, source, cursor, event);
+                write_event(&encoder, &mut buffer, source, cursor, event)
+                    .with_context(|| format!("sink `{}`", self.config.name))?;
             }
             if let Some(position) = routed.position {
                 positions.insert(routed.source.name.clone(), position);
@@ -316,7 +317,7 @@ fn write_event(
     source: &SourceContext,
     cursor: &mut SourceCursor,
     event: SourceEvent,
-) {
+) -> anyhow::Result<()> {
     match event {
         SourceEvent::Snapshot(batch) => {
             let at = Position {
@@ -324,8 +325,14 @@ fn write_event(
                 database: &source.database,
                 transaction: None,
             };
-            for row in &batch.rows {
-                encoder.snapshot_row(out, &at, &batch.relation, row, batch.consistent_point);
+            for row in batch.rows.rows(batch.relation.columns.len()) {
+                let row = row.with_context(|| {
+                    format!(
+                        "snapshot rows of {}.{} in the log",
+                        batch.relation.schema, batch.relation.name
+                    )
+                })?;
+                encoder.snapshot_row(out, &at, &batch.relation, &row, batch.consistent_point);
             }
         }
         SourceEvent::SnapshotComplete { .. } => {}
@@ -348,6 +355,7 @@ fn write_event(
             encoder.message(out, &at, &m);
         }
     }
+    Ok(())
 }
 
 #[cfg(test)]
