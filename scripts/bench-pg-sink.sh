@@ -4,7 +4,7 @@
 #
 # * initial sync of pgbench scale 10 (1,000,000-row pgbench_accounts):
 #   CREATE SUBSCRIPTION's table sync vs walbridge's copy, until the target
-#   holds every row;
+#   holds every row, in SYNC_ROUNDS rounds (default 3) from nothing;
 # * catch-up: 20,000 TPC-B transactions (4 clients) made while replication
 #   is paused (subscription disabled, walbridge stopped), then the time
 #   until a marker committed last is on the subscriber — for the native
@@ -13,16 +13,18 @@
 #   walsender's ceiling, which no client of one slot can pass.
 #
 #   scripts/bench-pg-sink.sh
-#   TRANSACTIONS=50000 ROUNDS=5 scripts/bench-pg-sink.sh
+#   TRANSACTIONS=50000 ROUNDS=5 SYNC_ROUNDS=5 scripts/bench-pg-sink.sh
 set -euo pipefail
 source "$(dirname "$0")/bench-common.sh"
 transactions=${TRANSACTIONS:-20000}
 rounds=${ROUNDS:-3}
+sync_rounds=${SYNC_ROUNDS:-3}
 clients=4
 
 build_walbridge
 start_postgres "max_wal_senders = 20" "max_replication_slots = 20"
-start_second_postgres "max_wal_size = 8GB" "shared_buffers = 512MB" "max_logical_replication_workers = 8"
+# A short retry interval: a re-created subscription starts its workers at once.
+start_second_postgres "max_wal_size = 8GB" "shared_buffers = 512MB" "max_logical_replication_workers = 8" "wal_retrieve_retry_interval = 100ms"
 sub() { local db=$1; shift; psql -X -q -A -t -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port2" -U postgres -d "$db" "$@"; }
 now() { date +%s.%N; }
 elapsed() { python3 -c "print(f'{$(now) - $1:.3f}')"; }
@@ -36,12 +38,6 @@ for db in native wb; do
   sub postgres -c "CREATE DATABASE $db" >/dev/null
   sub "$db" <<<"$schema" >/dev/null
 done
-
-# Initial sync.
-start=$(now)
-sub native -c "CREATE SUBSCRIPTION native_sub CONNECTION 'host=127.0.0.1 port=$port dbname=bench user=postgres' PUBLICATION bench_pub" >/dev/null 2>&1
-until [ "$(sub native -c "SELECT count(*) FILTER (WHERE srsubstate <> 'r') = 0 AND count(*) = 5 FROM pg_subscription_rel")" = t ]; do sleep 0.02; done
-native_sync=$(elapsed "$start")
 
 mkdir -p "$work/wb"
 cat > "$work/wb/config.toml" <<CONF
@@ -58,17 +54,41 @@ CONF
 applied_lsn() { sub wb -c "SELECT coalesce((SELECT remote_lsn::text FROM pg_replication_origin_status s JOIN pg_replication_origin o ON o.roident = s.local_id WHERE o.roname = 'walbridge_replica_bench' AND s.remote_lsn > '0/0'), '')"; }
 start_walbridge() { "$bin" run -c "$work/wb/config.toml" 2>>"$work/wb/stderr.log" & wb_pid=$!; }
 stop_walbridge() { kill -TERM "$wb_pid"; wait "$wb_pid" || true; wb_pid=; }
-start=$(now)
-start_walbridge
-# The copy is one target transaction: its position appears when all of it is in.
-until [ -n "$(applied_lsn)" ]; do
-  kill -0 "$wb_pid" 2>/dev/null || { cat "$work/wb/stderr.log" >&2; exit 1; }
-  sleep 0.02
+tables="pgbench_accounts, pgbench_branches, pgbench_tellers, pgbench_history, bench_marker"
+
+# Initial sync, SYNC_ROUNDS times: each round starts both from nothing
+# (no subscription, slot, origin, log or rows).
+syncs=()
+for round in $(seq 1 "$sync_rounds"); do
+  if [ "$round" -gt 1 ]; then
+    sub native -c "DROP SUBSCRIPTION native_sub" >/dev/null
+    sub native -c "TRUNCATE $tables" >/dev/null
+    stop_walbridge
+    until [ "$(psql_db bench -c "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'walbridge_bench' AND active")" = 0 ]; do sleep 0.02; done
+    psql_db bench -c "SELECT pg_drop_replication_slot('walbridge_bench')" >/dev/null
+    rm -rf "$work/wb/data"
+    sub wb -c "TRUNCATE $tables" >/dev/null
+    sub wb -c "SELECT pg_replication_origin_drop('walbridge_replica_bench')" >/dev/null
+    sub wb -c "CHECKPOINT" >/dev/null
+  fi
+  start=$(now)
+  sub native -c "CREATE SUBSCRIPTION native_sub CONNECTION 'host=127.0.0.1 port=$port dbname=bench user=postgres' PUBLICATION bench_pub" >/dev/null 2>&1
+  until [ "$(sub native -c "SELECT count(*) FILTER (WHERE srsubstate <> 'r') = 0 AND count(*) = 5 FROM pg_subscription_rel")" = t ]; do sleep 0.02; done
+  native_sync=$(elapsed "$start")
+
+  start=$(now)
+  start_walbridge
+  # The source's position appears once every copy connection has committed.
+  until [ -n "$(applied_lsn)" ]; do
+    kill -0 "$wb_pid" 2>/dev/null || { cat "$work/wb/stderr.log" >&2; exit 1; }
+    sleep 0.02
+  done
+  wb_sync=$(elapsed "$start")
+  accounts=$(sub wb -c "SELECT count(*) FROM pgbench_accounts")
+  [ "$accounts" = 1000000 ] || { echo "walbridge copied $accounts rows, not 1000000" >&2; cat "$work/wb/stderr.log" >&2; exit 1; }
+  echo "initial sync $round of 1,000,000 pgbench_accounts rows: native ${native_sync}s, walbridge ${wb_sync}s"
+  syncs+=("$native_sync $wb_sync")
 done
-wb_sync=$(elapsed "$start")
-accounts=$(sub wb -c "SELECT count(*) FROM pgbench_accounts")
-[ "$accounts" = 1000000 ] || { echo "walbridge copied $accounts rows, not 1000000" >&2; cat "$work/wb/stderr.log" >&2; exit 1; }
-echo "initial sync of 1,000,000 pgbench_accounts rows: native ${native_sync}s, walbridge ${wb_sync}s"
 
 results=()
 for round in $(seq 1 "$rounds"); do
@@ -111,14 +131,16 @@ for table in pgbench_accounts pgbench_branches pgbench_tellers pgbench_history; 
   [ "$(sub native -c "$q")" = "$(sub wb -c "$q")" ] || { echo "bench-pg-sink: $table differs between the subscribers" >&2; exit 1; }
 done
 
-python3 - "$transactions" "$native_sync" "$wb_sync" "$rss" "${results[@]}" <<'PY'
+python3 - "$transactions" "$rss" "${syncs[*]}" "${results[@]}" <<'PY'
 import statistics, sys
-n, native_sync, wb_sync, rss = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
-rounds = [tuple(map(float, r.split())) for r in sys.argv[5:]]
+n, rss = int(sys.argv[1]), int(sys.argv[2])
+pairs = list(map(float, sys.argv[3].split()))
+native_sync, wb_sync = statistics.median(pairs[0::2]), statistics.median(pairs[1::2])
+rounds = [tuple(map(float, r.split())) for r in sys.argv[4:]]
 recv, native, wb = (statistics.median(r[i] for r in rounds) for i in range(3))
 print(f"catch-up, median of {len(rounds)} rounds of {n} TPC-B transactions:")
 print(f"  pg_recvlogical (ceiling): {recv:6.2f} s {n / recv:8.0f} transactions/s")
 print(f"  native subscription:      {native:6.2f} s {n / native:8.0f} transactions/s  ({100 * recv / native:.0f}% of the ceiling)")
 print(f"  walbridge postgres sink:  {wb:6.2f} s {n / wb:8.0f} transactions/s  ({100 * recv / wb:.0f}% of the ceiling, {native / wb:.2f}x native, peak RSS {rss / 1024:.0f} MB)")
-print(f"initial sync: native {native_sync:.2f} s, walbridge {wb_sync:.2f} s ({native_sync / wb_sync:.2f}x native)")
+print(f"initial sync, median of {len(pairs) // 2}: native {native_sync:.2f} s, walbridge {wb_sync:.2f} s ({native_sync / wb_sync:.2f}x native)")
 PY
