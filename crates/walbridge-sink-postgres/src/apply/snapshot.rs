@@ -131,11 +131,20 @@ impl Lane {
     }
 
     /// Waits for the lane's task to end.
-    async fn join(self) -> Result<(Client, ProgressStore, u64), SinkError> {
-        drop(self.queue);
-        self.task
+    async fn join(mut self) -> Result<(Client, ProgressStore, u64), SinkError> {
+        (&mut self.task)
             .await
             .unwrap_or_else(|e| Err(SinkError::Mapping(format!("a copy lane panicked: {e}"))))
+    }
+}
+
+impl Drop for Lane {
+    /// A lane dropped before it committed (the applier failed, or the
+    /// copy stopped short) ends at once: its connection closes and its
+    /// transaction rolls back, rather than lingering in a COPY and holding
+    /// its origin against the next run.
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
@@ -154,7 +163,8 @@ async fn run_lane(
         let (map, text) = match work.recv().await {
             Some(LaneWork::Rows(map, text)) => (map, text),
             Some(LaneWork::Commit) => break,
-            // The applier stopped: the connection closes, the transaction rolls back.
+            // The applier stopped (and the task was not aborted yet): the
+            // connection closes, the transaction rolls back.
             None => {
                 return Err(SinkError::Mapping(format!(
                     "copy lane {index} stopped before the copy was complete"
