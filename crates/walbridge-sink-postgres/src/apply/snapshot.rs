@@ -233,11 +233,14 @@ impl Lanes {
         if lane.queue.send(LaneWork::Rows(map, text)).await.is_ok() {
             return Ok(());
         }
-        // The lane's task ended: it failed.
-        match slot.take() {
-            Some(lane) => lane.join().await.map(|_| ()),
-            None => Ok(()),
-        }
+        // The lane's task ended without being told to commit: it failed.
+        let ended = match slot.take() {
+            Some(lane) => lane.join().await.err(),
+            None => None,
+        };
+        Err(ended.unwrap_or_else(|| {
+            SinkError::Mapping(format!("copy lane {index} ended before the copy was complete"))
+        }))
     }
 
     /// Commits every lane (each once its queue is copied); returns the
