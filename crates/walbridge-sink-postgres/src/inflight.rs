@@ -22,7 +22,7 @@ pub struct Failed {
 }
 
 /// What a request returned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum Reply {
     /// The rows a statement affected.
     Rows(u64),
@@ -33,6 +33,8 @@ pub enum Reply {
         /// `pg_current_wal_flush_lsn()`.
         flushed: walbridge_core::Lsn,
     },
+    /// A statement prepared.
+    Prepared(tokio_postgres::Statement),
 }
 
 /// What a request returned, or why it failed.

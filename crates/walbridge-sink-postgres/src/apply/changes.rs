@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use tokio_postgres::Statement;
+use tokio_postgres::types::{ToSql, Type};
 use walbridge_core::{Change, Datum, Oid, OldRow, OldRowKind, Row, TransactionInfo, Truncate};
 use walbridge_pg::describe_pg_error;
 
@@ -205,6 +206,10 @@ impl Applier {
             let statement = self.batch_statement(&batch.map, &batch.kind).await?;
             let params: Vec<Param> = batch.arrays().into_iter().map(Param).collect();
             let bytes = params.iter().map(|p| p.0.len()).sum();
+            let sql = match statement {
+                Some(_) => String::new(),
+                None => batch_sql(&batch.map, &batch.kind),
+            };
             let purpose = Purpose::Batch {
                 rows: batch.len(),
                 last_txn: batch.last_txn.clone(),
@@ -213,7 +218,17 @@ impl Applier {
             };
             let client = self.client.clone();
             let request = async move {
-                match client.execute_raw(&statement, params.iter()).await {
+                let result = match statement {
+                    Some(statement) => client.execute_raw(&statement, params.iter()).await,
+                    None => {
+                        let typed: Vec<(&(dyn ToSql + Sync), Type)> = params
+                            .iter()
+                            .map(|p| (p as &(dyn ToSql + Sync), Type::TEXT_ARRAY))
+                            .collect();
+                        client.execute_typed(&sql, &typed).await
+                    }
+                };
+                match result {
                     Ok(rows) => Ok(Reply::Rows(rows)),
                     Err(error) => Err(Failed { error, params }),
                 }
@@ -223,32 +238,39 @@ impl Applier {
         Ok(())
     }
 
-    pub(super) async fn batch_statement(
+    /// The prepared statement for batches of `kind` on `map`; `None` while
+    /// it is being prepared (the first time, it is sent for preparing
+    /// ahead of the batch, which then runs unnamed).
+    async fn batch_statement(
         &mut self,
         map: &Arc<TableMap>,
         kind: &BatchKind,
-    ) -> Result<Statement, SinkError> {
+    ) -> Result<Option<Statement>, SinkError> {
         let key = (map.id, kind.clone());
-        if let Some(s) = self.batch_statements.get(&key) {
-            return Ok(s.clone());
+        if let Some(statement) = self.batch_statements.get(&key) {
+            return Ok(statement.clone());
         }
-        let text = batch_sql(map, kind);
-        match self.client.prepare(&text).await {
-            Ok(statement) => {
-                self.batch_statements.insert(key, statement.clone());
-                Ok(statement)
-            }
-            Err(e) => {
-                self.drain().await?;
-                Err(SinkError::Target {
-                    what: format!(
-                        "preparing `{text}` for target table {}",
-                        map.target.display()
-                    ),
-                    source: e,
+        self.batch_statements.insert(key.clone(), None);
+        let sql = batch_sql(map, kind);
+        let client = self.client.clone();
+        let text = sql.clone();
+        let request = async move {
+            client
+                .prepare(&text)
+                .await
+                .map(Reply::Prepared)
+                .map_err(|error| Failed {
+                    error,
+                    params: Vec::new(),
                 })
-            }
-        }
+        };
+        let purpose = Purpose::Prepare {
+            key,
+            sql,
+            table: map.target.display(),
+        };
+        self.send(purpose, request).await?;
+        Ok(None)
     }
 
     /// How to find the changed row, and the row holding the values to find it by.

@@ -70,6 +70,12 @@ impl Applier {
                     }
                 }
             }
+            Purpose::Prepare { sql, table, .. } => {
+                return SinkError::Target {
+                    what: format!("preparing `{sql}` for target table {table}"),
+                    source: failed.error,
+                };
+            }
             Purpose::WalPosition(_) => {
                 return SinkError::Target {
                     what: "reading the target's WAL position".to_owned(),
@@ -143,6 +149,7 @@ impl Applier {
             | Purpose::Control(_)
             | Purpose::Commit(_)
             | Purpose::WalPosition(_)
+            | Purpose::Prepare { .. }
             | Purpose::Batch { .. } => SinkError::Apply {
                 table,
                 message: describe_pg_error(&failed.error),

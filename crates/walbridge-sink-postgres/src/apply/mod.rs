@@ -79,6 +79,14 @@ enum Purpose {
     Commit(Box<Committed>),
     /// The target's WAL positions read right after a COMMIT.
     WalPosition(LogPosition),
+    /// Preparing a batch statement; until it is ready the statement runs
+    /// unnamed, in the same message as its values (no round trip of its
+    /// own, which would wait for everything in flight before it).
+    Prepare {
+        key: (usize, BatchKind),
+        sql: String,
+        table: String,
+    },
     /// A batch of changes of one table.
     Batch {
         map: Arc<TableMap>,
@@ -193,7 +201,8 @@ pub struct Applier {
     catalog: TargetCatalog,
     mapper: Mapper,
     statements: HashMap<(usize, Shape), Prepared>,
-    batch_statements: HashMap<(usize, BatchKind), Statement>,
+    /// Batch statements by table and kind: `None` while being prepared.
+    batch_statements: HashMap<(usize, BatchKind), Option<Statement>>,
     batcher: Batcher,
     /// Changes of transactions ending at or before this are applied one
     /// by one (a batch failed; this finds the transaction at fault).
@@ -454,12 +463,16 @@ impl Applier {
     fn completed(&mut self, purpose: Purpose, reply: Reply) {
         let rows = match (purpose, reply) {
             (Purpose::Commit(committed), _) => return self.committed(*committed),
+            (Purpose::Prepare { key, .. }, Reply::Prepared(statement)) => {
+                self.batch_statements.insert(key, Some(statement));
+                return;
+            }
             (Purpose::WalPosition(position), Reply::Wal { written, flushed }) => {
                 self.unflushed.push_back((written, position));
                 return self.acknowledge_flushed(flushed);
             }
             (purpose, Reply::Rows(rows)) => (purpose, rows),
-            (_, Reply::Wal { .. }) => return,
+            (_, Reply::Wal { .. } | Reply::Prepared(_)) => return,
         };
         let (purpose, rows) = rows;
         let misses = &mut self.misses;

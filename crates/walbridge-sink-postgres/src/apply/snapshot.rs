@@ -239,7 +239,9 @@ impl Lanes {
             None => None,
         };
         Err(ended.unwrap_or_else(|| {
-            SinkError::Mapping(format!("copy lane {index} ended before the copy was complete"))
+            SinkError::Mapping(format!(
+                "copy lane {index} ended before the copy was complete"
+            ))
         }))
     }
 
