@@ -43,6 +43,18 @@ impl Replication {
         );
     }
 
+    /// Runs `walbridge check`: its exit code and what it printed (stdout
+    /// then stderr).
+    fn check(&self) -> (Option<i32>, String) {
+        let out = self.wb.command(&["check"]);
+        let printed = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), printed)
+    }
+
     fn start(&self) -> Running {
         self.wb.start()
     }
@@ -190,16 +202,7 @@ fn a_published_column_missing_on_the_target_stops_the_sink_until_added() {
     r.wait_equal("t");
     p.psql("ALTER TABLE t ADD COLUMN score numeric(6,2)");
     p.psql("INSERT INTO t VALUES (2, 'two', 2.5)");
-    let deadline = std::time::Instant::now() + WAIT;
-    while !r.wb.log().contains("has no column \"score\"") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no error naming the column; log:\n{}",
-            r.wb.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let log = r.wb.log();
+    let log = wait_for_log(&r.wb, "has no column \"score\"");
     assert!(
         log.contains(
             "target table public.t has no column \"score\" (numeric(6,2) on the publisher"
@@ -719,15 +722,7 @@ fn fan_in_of_two_databases_with_renaming_and_a_source_column() {
     // the same sink nor the other sink, however long it has been retrying.
     subscriber.psql("INSERT INTO shop_a.orders VALUES (50, 'local')");
     publisher.psql_db("shop_a", "INSERT INTO orders VALUES (50, 'remote')");
-    let deadline = std::time::Instant::now() + WAIT;
-    while !wb.log().contains("conflict on target table shop_a.orders") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no conflict; log:\n{}",
-            wb.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_log(&wb, "conflict on target table shop_a.orders");
     // Long enough for the retries to back off to several seconds.
     std::thread::sleep(Duration::from_secs(8));
     publisher.psql_db(
@@ -781,25 +776,19 @@ fn a_role_without_origins_uses_the_progress_table_and_check_reports_privileges()
     };
     configure();
     // Without the right to set session_replication_role, check says how to grant it.
-    let out = r.wb.command(&["check"]);
-    assert_eq!(out.status.code(), Some(3));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (code, printed) = r.check();
+    assert_eq!(code, Some(3), "{printed}");
     assert!(
-        stderr.contains("may not set session_replication_role")
-            && stderr.contains("GRANT SET ON PARAMETER session_replication_role TO \"applier\""),
-        "{stderr}"
+        printed.contains("may not set session_replication_role")
+            && printed.contains("GRANT SET ON PARAMETER session_replication_role TO \"applier\""),
+        "{printed}"
     );
     s.psql("GRANT SET ON PARAMETER session_replication_role TO applier");
-    let out = r.wb.command(&["check"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (code, printed) = r.check();
+    assert_eq!(code, Some(0), "{printed}");
     assert!(
-        out.status.success(),
-        "{}{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        stdout.contains("ok: sink `replica`: target 127.0.0.1:"),
-        "{stdout}"
+        printed.contains("ok: sink `replica`: target 127.0.0.1:"),
+        "{printed}"
     );
 
     let running = r.start();
@@ -1233,26 +1222,20 @@ fn check_maps_every_published_table_onto_the_target_before_streaming() {
     s.psql("CREATE TABLE a (id int PRIMARY KEY)");
     p.psql("CREATE PUBLICATION pub FOR TABLE a, b");
     r.configure(&["pub"], "", "");
-    let out = r.wb.command(&["check"]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    let (code, printed) = r.check();
+    assert_eq!(code, Some(3), "{printed}");
     assert!(
-        stderr.contains("error: sink `replica`: target table public.a has no column \"x\" (text on the publisher")
-            && stderr.contains("error: sink `replica`: target table public.b does not exist"),
-        "{stderr}"
+        printed.contains("error: sink `replica`: target table public.a has no column \"x\" (text on the publisher")
+            && printed.contains("error: sink `replica`: target table public.b does not exist"),
+        "{printed}"
     );
     s.psql("ALTER TABLE a ADD COLUMN x text; CREATE TABLE b (id int PRIMARY KEY)");
-    let out = r.wb.command(&["check"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (code, printed) = r.check();
+    assert_eq!(code, Some(0), "{printed}");
     assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        stdout.contains(
+        printed.contains(
             "ok: sink `replica`: the 2 table(s) source `src` publishes map onto the target"
         ),
-        "{stdout}"
+        "{printed}"
     );
 }

@@ -360,43 +360,20 @@ mod tests {
     fn a_repeated_key_replaces_an_update_but_starts_a_new_insert_batch() {
         let m = Arc::new(map(vec![0], false, false));
         let update = BatchKind::Update { set: None };
-        let mut batcher = Batcher::default();
-        assert!(
-            batcher
-                .add(
-                    &m,
-                    update.clone(),
-                    row("1", &[text("a"), text("1")], 1),
-                    true
-                )
-                .is_none()
-        );
-        assert!(
-            batcher
-                .add(
-                    &m,
-                    update.clone(),
-                    row("2", &[text("b"), text("2")], 2),
-                    true
-                )
-                .is_none()
-        );
-        assert!(
-            batcher
-                .add(&m, update, row("1", &[text("c"), text("1")], 3), true)
-                .is_none()
-        );
         let insert = BatchKind::Insert(InsertMode::Plain);
-        assert!(
-            batcher
-                .add(&m, insert.clone(), row("9", &[text("x")], 4), false)
-                .is_none()
-        );
-        assert!(
-            batcher
-                .add(&m, insert, row("9", &[text("y")], 5), false)
-                .is_none()
-        );
+        let mut batcher = Batcher::default();
+        // (kind, key, values, xid, replace): none fills a batch.
+        let rows = [
+            (&update, "1", vec![text("a"), text("1")], 1, true),
+            (&update, "2", vec![text("b"), text("2")], 2, true),
+            (&update, "1", vec![text("c"), text("1")], 3, true),
+            (&insert, "9", vec![text("x")], 4, false),
+            (&insert, "9", vec![text("y")], 5, false),
+        ];
+        for (kind, key, values, xid, replace) in rows {
+            let full = batcher.add(&m, kind.clone(), row(key, &values, xid), replace);
+            assert!(full.is_none(), "row {xid} filled a batch");
+        }
         let batches = batcher.take_all();
         assert!(batcher.is_empty());
         let shapes: Vec<(BatchKind, usize, u32)> = batches
