@@ -6,7 +6,9 @@
 #   scripts/test.sh              # everything
 #   PG_VERSIONS="17 18" scripts/test.sh   # integration tests on other majors too
 #
-# Installs what is missing (nextest, psql, openssl) and is safe to rerun.
+# Installs what is missing (nextest, psql, openssl, OpenSSL headers, and
+# for the kafka sink's tests the tansu broker and Python's confluent-kafka:
+# scripts/kafka-test-env.sh) and is safe to rerun.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +16,8 @@ need_apt=()
 command -v psql >/dev/null || need_apt+=(postgresql-client)
 command -v openssl >/dev/null || need_apt+=(openssl)
 command -v runuser >/dev/null || need_apt+=(util-linux)
+# librdkafka (built by rdkafka-sys) links the system OpenSSL.
+pkg-config --exists openssl 2>/dev/null || need_apt+=(libssl-dev pkg-config)
 if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
 fi
@@ -31,6 +35,7 @@ extra=(14)
 [ "$(postgres --version | awk '{print $3}' | cut -d. -f1)" = 15 ] || extra+=(15)
 # shellcheck disable=SC2086
 scripts/fetch-postgres.sh "${extra[@]}" $versions
+scripts/kafka-test-env.sh
 
 cargo build --workspace --all-targets --locked
 echo "== tests on PostgreSQL $(postgres --version | awk '{print $3}') (system)"

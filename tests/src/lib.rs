@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub mod fixtures;
+pub mod kafka;
 pub mod walbridge;
 
 /// The OS user that runs servers when the tests run as root.

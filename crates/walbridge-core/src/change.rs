@@ -1,10 +1,11 @@
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use bytes::Bytes;
 
 use crate::lsn::Lsn;
 use crate::relation::Relation;
-use crate::value::Row;
+use crate::value::{Datum, Row};
 
 /// Which old-row image an UPDATE or DELETE carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,6 +94,29 @@ pub enum Change {
     Truncate(Truncate),
     /// A transactional logical decoding message.
     Message(LogicalMessage),
+}
+
+/// The new row of an UPDATE as completely as the change tells it: with
+/// REPLICA IDENTITY FULL the old row carries the TOASTed values the new row
+/// leaves out ([`Datum::UnchangedToast`]), so those are taken from it.
+pub fn update_new_row<'a>(new: &'a Row, old: Option<&OldRow>) -> Cow<'a, Row> {
+    match old {
+        Some(old) if old.kind == OldRowKind::Full && new.contains(&Datum::UnchangedToast) => {
+            Cow::Owned(
+                new.iter()
+                    .zip(&old.row)
+                    .map(|(n, o)| {
+                        if *n == Datum::UnchangedToast {
+                            o.clone()
+                        } else {
+                            n.clone()
+                        }
+                    })
+                    .collect(),
+            )
+        }
+        _ => Cow::Borrowed(new),
+    }
 }
 
 impl Change {

@@ -26,6 +26,11 @@ use serde_json::{Number, Value};
 use crate::types::ValueKind;
 use crate::value::Datum;
 
+/// The value written for an unchanged TOASTed column (which the publisher
+/// does not send) unless a sink is configured otherwise: Debezium's
+/// placeholder, so existing consumers recognize it.
+pub const DEFAULT_UNCHANGED_PLACEHOLDER: &str = "__debezium_unavailable_value";
+
 /// Converts one datum to JSON. An unchanged TOASTed value becomes
 /// `unchanged_placeholder`.
 pub fn datum_to_json(datum: &Datum, kind: &ValueKind, unchanged_placeholder: &Value) -> Value {

@@ -17,12 +17,15 @@ mod event;
 pub mod json;
 mod lsn;
 mod relation;
+pub mod template;
 mod time;
 mod types;
 mod units;
 mod value;
 
-pub use change::{Change, LogicalMessage, OldRow, OldRowKind, Truncate, TruncateOptions};
+pub use change::{
+    Change, LogicalMessage, OldRow, OldRowKind, Truncate, TruncateOptions, update_new_row,
+};
 pub use copy_text::{CopyText, CopyTextError};
 pub use event::{EventBatch, Origin, SnapshotBatch, SourceEvent, TransactionInfo};
 pub use lsn::{Lsn, ParseLsnError};

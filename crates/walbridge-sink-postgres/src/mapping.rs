@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use walbridge_core::template::{Template, TemplatePart, TemplateValues};
 use walbridge_core::{Oid, Relation, ReplicaIdentity, ValueKind};
 use walbridge_pg::{quote_ident, quote_literal};
 
@@ -20,93 +21,57 @@ use crate::target::{TargetCatalog, TargetTable};
 /// every server; user-defined types get different OIDs on every database.
 const FIRST_NORMAL_OBJECT_ID: Oid = 16384;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Part {
-    Literal(String),
-    Source,
-    Schema,
-    Table,
-}
-
 /// The `table` template: target names made of `{source}`, `{schema}`,
 /// `{table}` and literal text. The first `.` outside a placeholder
 /// separates the schema from the table name, so names that themselves
 /// contain dots still map correctly.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NameTemplate {
-    schema: Option<Vec<Part>>,
-    table: Vec<Part>,
+    schema: Option<Template>,
+    table: Template,
 }
 
 impl NameTemplate {
     /// Parses a template; unknown placeholders and empty names are errors.
     pub fn parse(text: &str) -> Result<Self, String> {
+        let whole = Template::parse(text).map_err(|e| e.to_string())?;
         let mut schema = None;
         let mut current = Vec::new();
-        let mut literal = String::new();
-        let flush = |literal: &mut String, current: &mut Vec<Part>| {
-            if !literal.is_empty() {
-                current.push(Part::Literal(std::mem::take(literal)));
-            }
-        };
-        let mut rest = text;
-        while let Some(c) = rest.chars().next() {
-            match c {
-                '{' => {
-                    let end = rest
-                        .find('}')
-                        .ok_or_else(|| format!("`{text}`: unterminated `{{`"))?;
-                    let part = match &rest[1..end] {
-                        "source" => Part::Source,
-                        "schema" => Part::Schema,
-                        "table" => Part::Table,
-                        other => {
-                            return Err(format!(
-                                "`{text}`: unknown placeholder `{{{other}}}` (use {{source}}, {{schema}} and {{table}})"
-                            ));
-                        }
-                    };
-                    flush(&mut literal, &mut current);
-                    current.push(part);
-                    rest = &rest[end + 1..];
+        for part in whole.parts() {
+            match part {
+                TemplatePart::Literal(l) if schema.is_none() && l.contains('.') => {
+                    let (before, after) = l.split_at(l.find('.').unwrap_or(l.len()));
+                    if !before.is_empty() {
+                        current.push(TemplatePart::Literal(before.to_owned()));
+                    }
+                    schema = Some(Template::from_parts(std::mem::take(&mut current)));
+                    if after.len() > 1 {
+                        current.push(TemplatePart::Literal(after[1..].to_owned()));
+                    }
                 }
-                '.' if schema.is_none() => {
-                    flush(&mut literal, &mut current);
-                    schema = Some(std::mem::take(&mut current));
-                    rest = &rest[1..];
-                }
-                _ => {
-                    literal.push(c);
-                    rest = &rest[c.len_utf8()..];
-                }
+                other => current.push(other.clone()),
             }
         }
-        flush(&mut literal, &mut current);
-        if current.is_empty() || schema.as_ref().is_some_and(Vec::is_empty) {
+        let table = Template::from_parts(current);
+        if table.is_empty() || schema.as_ref().is_some_and(Template::is_empty) {
             return Err(format!(
                 "`{text}`: needs a table name, optionally with a schema: e.g. \"{{schema}}.{{table}}\" or \"analytics.{{source}}_{{table}}\""
             ));
         }
-        Ok(NameTemplate {
-            schema,
-            table: current,
-        })
+        Ok(NameTemplate { schema, table })
     }
 
     /// The target schema (`None`: the search path) and table name.
     pub fn render(&self, source: &str, schema: &str, table: &str) -> (Option<String>, String) {
-        let render = |parts: &[Part]| {
-            parts
-                .iter()
-                .map(|p| match p {
-                    Part::Literal(l) => l.as_str(),
-                    Part::Source => source,
-                    Part::Schema => schema,
-                    Part::Table => table,
-                })
-                .collect::<String>()
+        let values = TemplateValues {
+            source,
+            schema,
+            table,
         };
-        (self.schema.as_deref().map(render), render(&self.table))
+        (
+            self.schema.as_ref().map(|s| s.render(values)),
+            self.table.render(values),
+        )
     }
 }
 

@@ -9,6 +9,7 @@ use serde::Deserialize;
 use walbridge_source::SourceConfig;
 
 use crate::log_config::LogConfig;
+use walbridge_sink_kafka::KafkaSinkConfig;
 use walbridge_sink_postgres::PostgresSinkConfig;
 
 use crate::sink::jsonl::JsonlSinkConfig;
@@ -39,6 +40,8 @@ pub enum SinkConfig {
     Jsonl(JsonlSinkConfig),
     /// Apply into a PostgreSQL database.
     Postgres(PostgresSinkConfig),
+    /// Change events to Kafka, a topic per table.
+    Kafka(KafkaSinkConfig),
 }
 
 impl SinkConfig {
@@ -47,6 +50,7 @@ impl SinkConfig {
         match self {
             SinkConfig::Jsonl(c) => &c.name,
             SinkConfig::Postgres(c) => &c.name,
+            SinkConfig::Kafka(c) => &c.name,
         }
     }
 
@@ -55,6 +59,7 @@ impl SinkConfig {
         match self {
             SinkConfig::Jsonl(c) => c.sources.as_deref(),
             SinkConfig::Postgres(c) => c.sources.as_deref(),
+            SinkConfig::Kafka(c) => c.sources.as_deref(),
         }
     }
 }
@@ -118,8 +123,10 @@ impl Config {
                     sink.name()
                 ));
             }
-            if let SinkConfig::Postgres(c) = sink {
-                problems.extend(c.validate());
+            match sink {
+                SinkConfig::Postgres(c) => problems.extend(c.validate()),
+                SinkConfig::Kafka(c) => problems.extend(c.validate()),
+                SinkConfig::Jsonl(_) => {}
             }
             for wanted in sink.sources().unwrap_or_default() {
                 if !names.contains(wanted) {
@@ -222,6 +229,26 @@ publications = ["p"]
     }
 
     #[test]
+    fn kafka_sinks_parse_with_their_defaults() {
+        let c = Config::parse(
+            &format!(
+                "{BASE}[[sink]]\nname = \"events\"\ntype = \"kafka\"\nbrokers = \"k1:9092,k2:9092\"\n[sink.kafka_properties]\n\"compression.type\" = \"zstd\"\n"
+            ),
+            env,
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        let [SinkConfig::Kafka(k)] = &c.sinks[..] else {
+            panic!("not one kafka sink: {:?}", c.sinks);
+        };
+        assert_eq!(k.topic, "{source}.{schema}.{table}");
+        assert!(k.tombstones && k.topic_creation.enabled);
+        let properties = k.client_properties();
+        assert_eq!(properties["compression.type"], "zstd");
+        assert_eq!(properties["enable.idempotence"], "true");
+        assert_eq!(properties["bootstrap.servers"], "k1:9092,k2:9092");
+    }
+
+    #[test]
     fn errors_name_the_key() {
         let err = |text: &str| {
             format!(
@@ -261,6 +288,17 @@ publications = ["p"]
             .contains("spill_threshold")
         );
         assert!(err(&format!("{BASE}[log]\nfsync = \"sometimes\"\n")).contains("sometimes"));
+        let kafka =
+            |extra: &str| format!("{BASE}[[sink]]\nname = \"k\"\ntype = \"kafka\"\n{extra}");
+        assert!(err(&kafka("topic = \"{nope}\"\n")).contains("`topic`"));
+        assert!(
+            err(&kafka(
+                "[sink.kafka_properties]\n\"enable.idempotence\" = \"false\"\n"
+            ))
+            .contains("enable.idempotence")
+        );
+        assert!(err(&kafka("[sink.key_columns]\nevents = [\"id\"]\n")).contains("schema.table"));
+        assert!(err(&kafka("message_topic = \"a b\"\n")).contains("message_topic"));
         assert!(
             err(&format!(
                 "{BASE}[log]\nsegment_size = \"1MiB\"\nmax_size = \"1MiB\"\n"

@@ -163,13 +163,20 @@ async fn check(path: &std::path::Path) -> Result<(), Failure> {
         errors += source_errors;
     }
     for sink in &config.sinks {
-        if let config::SinkConfig::Postgres(c) = sink {
-            match walbridge_sink_postgres::health_check(c).await {
-                Ok(line) => println!("ok: sink `{}`: {line}", c.name),
-                Err(e) => {
-                    eprintln!("error: sink `{}`: {e}", c.name);
-                    errors += 1;
-                }
+        let health = match sink {
+            config::SinkConfig::Postgres(c) => walbridge_sink_postgres::health_check(c)
+                .await
+                .map_err(anyhow::Error::new),
+            config::SinkConfig::Kafka(c) => walbridge_sink_kafka::health_check(c)
+                .await
+                .map_err(anyhow::Error::new),
+            config::SinkConfig::Jsonl(_) => continue,
+        };
+        match health {
+            Ok(line) => println!("ok: sink `{}`: {line}", sink.name()),
+            Err(e) => {
+                eprintln!("error: sink `{}`: {e}", sink.name());
+                errors += 1;
             }
         }
     }

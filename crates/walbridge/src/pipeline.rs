@@ -265,7 +265,7 @@ async fn start_positions(
     inputs: &[SinkInput],
 ) -> Result<Vec<u64>, SinkStop> {
     match sink {
-        Sink::Jsonl(_) => Ok(inputs
+        Sink::Jsonl(_) | Sink::Kafka(_) => Ok(inputs
             .iter()
             .map(|i| start_position(sink, name, &i.log, &i.context.name))
             .collect()),
@@ -402,6 +402,10 @@ async fn supervise(
             }
             Err(SinkStop::Sink(e)) => {
                 if *closing.borrow() {
+                    return Err(e);
+                }
+                if crate::sink::is_permanent(&e) {
+                    tracing::error!(sink = %name, "{e:#}; the sink stopped (sources and other sinks go on)");
                     return Err(e);
                 }
                 if started.elapsed() >= BACKOFF_RESET {

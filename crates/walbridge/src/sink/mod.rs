@@ -32,6 +32,8 @@ pub enum Sink {
     Jsonl(jsonl::JsonlSink),
     /// Apply into PostgreSQL.
     Postgres(walbridge_sink_postgres::PostgresSink),
+    /// Change events to Kafka.
+    Kafka(walbridge_sink_kafka::KafkaSink),
 }
 
 impl Sink {
@@ -51,6 +53,11 @@ impl Sink {
                     .map(Sink::Postgres)
                     .with_context(|| format!("sink `{}`", c.name))
             }
+            crate::config::SinkConfig::Kafka(c) => {
+                walbridge_sink_kafka::KafkaSink::open(c.clone(), cursor_dir)
+                    .map(Sink::Kafka)
+                    .with_context(|| format!("sink `{}`", c.name))
+            }
         }
     }
 
@@ -59,6 +66,7 @@ impl Sink {
         match self {
             Sink::Jsonl(s) => s.stored_position(source).cloned(),
             Sink::Postgres(s) => s.stored_position(source),
+            Sink::Kafka(s) => s.stored_position(source).cloned(),
         }
     }
 
@@ -100,7 +108,7 @@ impl Sink {
     /// is still arriving; others act on every record and wait for whole units.
     pub fn visibility(&self) -> walbridge_log::Visibility {
         match self {
-            Sink::Jsonl(_) => walbridge_log::Visibility::CompleteUnits,
+            Sink::Jsonl(_) | Sink::Kafka(_) => walbridge_log::Visibility::CompleteUnits,
             Sink::Postgres(_) => walbridge_log::Visibility::Unfinished,
         }
     }
@@ -118,6 +126,22 @@ impl Sink {
                     .await
                     .map_err(|e| anyhow::Error::new(e).context(format!("sink `{name}`")))
             }
+            Sink::Kafka(s) => {
+                let name = s.name().to_owned();
+                s.run(events)
+                    .await
+                    .map_err(|e| anyhow::Error::new(e).context(format!("sink `{name}`")))
+            }
         }
     }
+}
+
+/// True when a sink's failure is one a retry cannot cure (a message the
+/// brokers refuse, a topic the sink may not write): the sink stops until
+/// its configuration or the cluster is fixed; sources and other sinks go on.
+pub fn is_permanent(error: &anyhow::Error) -> bool {
+    error
+        .chain()
+        .filter_map(|e| e.downcast_ref::<walbridge_sink_kafka::SinkError>())
+        .any(walbridge_sink_kafka::SinkError::is_permanent)
 }

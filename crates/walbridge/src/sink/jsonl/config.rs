@@ -1,7 +1,5 @@
 use serde::Deserialize;
-
-/// Debezium's placeholder, so existing consumers recognize it.
-pub const DEFAULT_UNCHANGED_PLACEHOLDER: &str = "__debezium_unavailable_value";
+use walbridge_core::json::DEFAULT_UNCHANGED_PLACEHOLDER;
 
 fn stdout_path() -> String {
     "-".to_owned()

@@ -15,7 +15,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Map, Value, json};
 use walbridge_core::json::datum_to_json;
 use walbridge_core::{
-    Change, Datum, LogicalMessage, Lsn, OldRowKind, PgTimestamp, Relation, Row, TransactionInfo,
+    Change, LogicalMessage, Lsn, OldRowKind, PgTimestamp, Relation, Row, TransactionInfo,
+    update_new_row,
 };
 
 /// Writes change lines for one sink.
@@ -143,7 +144,7 @@ impl Encoder {
                 "op": "u",
                 "source": self.source(at, Some(relation), *lsn, false),
                 "before": old.as_ref().map_or(Value::Null, |o| self.row(relation, &o.row, o.kind == OldRowKind::Key)),
-                "after": self.row(relation, &merge_unchanged(new, old.as_ref().filter(|o| o.kind == OldRowKind::Full).map(|o| &o.row)), false),
+                "after": self.row(relation, &update_new_row(new, old.as_ref()), false),
             }),
             Change::Delete { lsn, relation, old } => json!({
                 "op": "d",
@@ -166,31 +167,12 @@ impl Encoder {
     }
 }
 
-/// With REPLICA IDENTITY FULL the old row carries the TOASTed values the
-/// new row leaves out: use them instead of the placeholder.
-fn merge_unchanged(new: &Row, old: Option<&Row>) -> Row {
-    match old {
-        Some(old) if new.contains(&Datum::UnchangedToast) => new
-            .iter()
-            .zip(old)
-            .map(|(n, o)| {
-                if *n == Datum::UnchangedToast && *o != Datum::UnchangedToast {
-                    o.clone()
-                } else {
-                    n.clone()
-                }
-            })
-            .collect(),
-        _ => new.clone(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
 
     use bytes::Bytes;
-    use walbridge_core::{Column, OldRow, ReplicaIdentity, ValueKind};
+    use walbridge_core::{Column, Datum, OldRow, ReplicaIdentity, ValueKind};
 
     use super::*;
 

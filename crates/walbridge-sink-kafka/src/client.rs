@@ -1,0 +1,158 @@
+//! The sink's librdkafka clients: configuration, logging, reachability.
+
+use std::time::Duration;
+
+use rdkafka::ClientContext;
+use rdkafka::admin::AdminClient;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::error::KafkaError;
+use rdkafka::error::KafkaResult;
+use rdkafka::metadata::Metadata;
+use rdkafka::producer::ThreadedProducer;
+
+use crate::config::KafkaSinkConfig;
+use crate::delivery::DeliveryContext;
+use crate::error::SinkError;
+
+/// How long the start-up check waits for the cluster's metadata.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Sends librdkafka's log lines and errors to `tracing`.
+pub struct TracingContext;
+
+impl ClientContext for TracingContext {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => {
+                tracing::error!(target: "librdkafka", facility, "{message}")
+            }
+            RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", facility, "{message}"),
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                tracing::info!(target: "librdkafka", facility, "{message}")
+            }
+            RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", facility, "{message}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        // Connection trouble is reported here while librdkafka retries.
+        tracing::warn!(target: "librdkafka", "{error}: {reason}");
+    }
+}
+
+fn client_config(config: &KafkaSinkConfig) -> ClientConfig {
+    let mut client = ClientConfig::new();
+    for (key, value) in config.client_properties() {
+        client.set(key, value);
+    }
+    client
+}
+
+/// The sink's producer, reporting deliveries to `context`.
+pub fn producer(
+    config: &KafkaSinkConfig,
+    context: DeliveryContext,
+) -> Result<ThreadedProducer<DeliveryContext>, SinkError> {
+    client_config(config)
+        .create_with_context(context)
+        .map_err(|source| SinkError::Client {
+            client: "producer",
+            source,
+        })
+}
+
+/// The admin client that creates topics.
+pub fn admin(config: &KafkaSinkConfig) -> Result<AdminClient<TracingContext>, SinkError> {
+    let mut client = ClientConfig::new();
+    // Only the connection properties matter to the admin client; producer
+    // properties would make librdkafka warn about each of them.
+    for (key, value) in config.client_properties() {
+        if is_connection_property(&key) {
+            client.set(key, value);
+        }
+    }
+    client
+        .create_with_context(TracingContext)
+        .map_err(|source| SinkError::Client {
+            client: "admin client",
+            source,
+        })
+}
+
+/// Properties of any client (not only producers): where and how to connect.
+fn is_connection_property(key: &str) -> bool {
+    key == "bootstrap.servers"
+        || key == "client.id"
+        || key.starts_with("security.")
+        || key.starts_with("ssl.")
+        || key.starts_with("sasl.")
+        || key.starts_with("socket.")
+        || key.starts_with("broker.")
+        || key.starts_with("reconnect.")
+        || key.starts_with("metadata.")
+        || key.starts_with("topic.metadata.")
+        || key.starts_with("api.version")
+        || key.starts_with("enable.ssl")
+        || key.starts_with("enable.sasl")
+        || key.starts_with("client.")
+        || key == "debug"
+}
+
+/// Fails unless the cluster answers a metadata request: the start-up
+/// health check (an unreachable cluster is retried by the runtime).
+/// Returns the number of brokers in the cluster.
+pub async fn check_reachable(
+    fetch_metadata: impl FnOnce(Duration) -> KafkaResult<Metadata> + Send + 'static,
+    brokers: &str,
+) -> Result<usize, SinkError> {
+    let result = tokio::task::spawn_blocking(move || {
+        fetch_metadata(METADATA_TIMEOUT).map(|m| m.brokers().len())
+    })
+    .await;
+    match result {
+        Ok(Ok(brokers_seen)) => Ok(brokers_seen),
+        Ok(Err(e)) => Err(SinkError::Unreachable {
+            brokers: brokers.to_owned(),
+            reason: e.to_string(),
+        }),
+        Err(e) => Err(SinkError::Unreachable {
+            brokers: brokers.to_owned(),
+            reason: format!("the metadata request did not finish: {e}"),
+        }),
+    }
+}
+
+/// `walbridge check`: the configuration is usable and the cluster answers.
+pub async fn health_check(config: &KafkaSinkConfig) -> Result<String, SinkError> {
+    let problems = config.validate();
+    if !problems.is_empty() {
+        return Err(SinkError::Config(problems.join("; ")));
+    }
+    let admin = admin(config)?;
+    let brokers = check_reachable(
+        move |timeout| admin.inner().fetch_metadata(None, timeout),
+        &config.brokers,
+    )
+    .await?;
+    Ok(format!(
+        "{brokers} Kafka broker(s) reachable at {}",
+        config.brokers
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_admin_client_gets_connection_properties_only() {
+        assert!(is_connection_property("sasl.mechanism"));
+        assert!(is_connection_property("security.protocol"));
+        assert!(is_connection_property("bootstrap.servers"));
+        assert!(!is_connection_property("linger.ms"));
+        assert!(!is_connection_property("compression.type"));
+    }
+}

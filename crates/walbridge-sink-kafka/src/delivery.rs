@@ -1,0 +1,278 @@
+//! Which log positions are safe to store: a position is stored only once
+//! every message produced before it was acknowledged by the brokers.
+//!
+//! Messages are counted in epochs: an epoch is closed ("sealed") with the
+//! log position reached when a unit (a transaction, the initial copy) has
+//! been handed to the producer. Deliveries complete out of order across
+//! partitions; positions are released in epoch order, each once its epoch
+//! and every earlier one have no message in flight.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rdkafka::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::error::KafkaError;
+use rdkafka::message::{DeliveryResult, Message};
+use rdkafka::producer::ProducerContext;
+use tokio::sync::Notify;
+use walbridge_log::LogPosition;
+
+use crate::error::SinkError;
+
+/// The longest a key is shown in an error message.
+const KEY_SHOWN: usize = 200;
+
+/// Messages of one epoch still in flight, and the position it ends at.
+#[derive(Debug, Default)]
+struct Epoch {
+    in_flight: usize,
+    sealed: Option<(String, LogPosition)>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Id of `epochs[0]`.
+    first: u64,
+    /// Oldest first; the last one is open (not sealed).
+    epochs: VecDeque<Epoch>,
+    /// The first delivery that failed, until reported.
+    failure: Option<SinkError>,
+    /// A delivery failed: no position is released any more.
+    failed: bool,
+}
+
+/// Counts messages in flight per epoch.
+#[derive(Debug)]
+pub struct Tracker {
+    state: Mutex<State>,
+    changed: Notify,
+}
+
+impl Default for Tracker {
+    fn default() -> Self {
+        Tracker {
+            state: Mutex::new(State {
+                first: 0,
+                epochs: VecDeque::from([Epoch::default()]),
+                failure: None,
+                failed: false,
+            }),
+            changed: Notify::new(),
+        }
+    }
+}
+
+impl Tracker {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the counts half
+        // updated: every update is a single field write.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts a message about to be produced; returns its epoch.
+    pub fn track(&self) -> u64 {
+        let mut state = self.state();
+        let id = state.first + state.epochs.len() as u64 - 1;
+        if let Some(open) = state.epochs.back_mut() {
+            open.in_flight += 1;
+        }
+        id
+    }
+
+    /// Takes back a message that was counted but not produced.
+    pub fn untrack(&self, epoch: u64) {
+        self.finish(epoch, None);
+    }
+
+    /// Closes the open epoch: `position` of `source` is reached once all
+    /// its messages (and every earlier epoch's) are delivered.
+    pub fn seal(&self, source: &str, position: LogPosition) {
+        let mut state = self.state();
+        if let Some(open) = state.epochs.back_mut() {
+            open.sealed = Some((source.to_owned(), position));
+        }
+        state.epochs.push_back(Epoch::default());
+    }
+
+    fn finish(&self, epoch: u64, failure: Option<SinkError>) {
+        let mut state = self.state();
+        let index = epoch.checked_sub(state.first).map(|i| i as usize);
+        if let Some(e) = index.and_then(|i| state.epochs.get_mut(i)) {
+            e.in_flight = e.in_flight.saturating_sub(1);
+        }
+        if !state.failed && failure.is_some() {
+            state.failed = true;
+            state.failure = failure;
+        }
+        drop(state);
+        self.changed.notify_one();
+    }
+
+    /// The positions released since the last call (oldest first), or the
+    /// first delivery failure.
+    pub fn take_delivered(&self) -> Result<Vec<(String, LogPosition)>, SinkError> {
+        let mut state = self.state();
+        if let Some(failure) = state.failure.take() {
+            return Err(failure);
+        }
+        let mut released = Vec::new();
+        if state.failed {
+            return Ok(released);
+        }
+        while state.epochs.len() > 1
+            && state.epochs.front().is_some_and(|e| e.in_flight == 0)
+            && let Some(epoch) = state.epochs.pop_front()
+        {
+            state.first += 1;
+            released.extend(epoch.sealed);
+        }
+        Ok(released)
+    }
+
+    /// Messages in flight in all epochs.
+    pub fn in_flight(&self) -> usize {
+        self.state().epochs.iter().map(|e| e.in_flight).sum()
+    }
+
+    /// Waits until a delivery completes.
+    pub async fn changed(&self) {
+        self.changed.notified().await;
+    }
+}
+
+/// What the producer carries along with each message.
+#[derive(Debug)]
+pub struct Pending {
+    /// The message's epoch.
+    pub epoch: u64,
+    /// Its source table (`schema.table`, or `-`), for error messages.
+    pub table: Arc<str>,
+}
+
+/// The producer's context: delivery reports go to the tracker, librdkafka's
+/// logs and errors to `tracing`.
+pub struct DeliveryContext {
+    /// Where deliveries are counted.
+    pub tracker: Arc<Tracker>,
+}
+
+/// A key as text for error messages: JSON keys as they are, others as hex.
+pub fn show_key(key: Option<&[u8]>) -> String {
+    let Some(key) = key else {
+        return "null".to_owned();
+    };
+    let shown = match std::str::from_utf8(key) {
+        Ok(text) if !text.contains(char::is_control) => text.to_owned(),
+        _ => key.iter().map(|b| format!("{b:02x}")).collect(),
+    };
+    if shown.len() > KEY_SHOWN {
+        let mut end = KEY_SHOWN;
+        while !shown.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}…", &shown[..end])
+    } else {
+        shown
+    }
+}
+
+impl ClientContext for DeliveryContext {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        crate::client::TracingContext.log(level, facility, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        crate::client::TracingContext.error(error, reason);
+    }
+}
+
+impl ProducerContext for DeliveryContext {
+    type DeliveryOpaque = Box<Pending>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, pending: Box<Pending>) {
+        let failure = match result {
+            Ok(_) => None,
+            Err((error, message)) => Some(SinkError::Delivery {
+                topic: message.topic().to_owned(),
+                table: pending.table.to_string(),
+                key: show_key(message.key()),
+                reason: error.to_string(),
+                code: error.rdkafka_error_code(),
+            }),
+        };
+        self.tracker.finish(pending.epoch, failure);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use walbridge_core::Lsn;
+
+    use super::*;
+
+    fn at(next: u64) -> LogPosition {
+        LogPosition {
+            next,
+            lsn: Lsn(next),
+        }
+    }
+
+    #[test]
+    fn positions_are_released_in_order_once_delivered() {
+        let tracker = Tracker::default();
+        let a1 = tracker.track();
+        let a2 = tracker.track();
+        tracker.seal("s", at(1));
+        let b1 = tracker.track();
+        tracker.seal("s", at(2));
+        tracker.seal("t", at(7));
+        assert_eq!(tracker.in_flight(), 3);
+        // The later epoch is delivered first: nothing is released yet.
+        tracker.finish(b1, None);
+        assert!(tracker.take_delivered().unwrap_or_default().is_empty());
+        tracker.finish(a1, None);
+        assert!(tracker.take_delivered().unwrap_or_default().is_empty());
+        tracker.finish(a2, None);
+        let released = tracker.take_delivered().unwrap_or_default();
+        assert_eq!(
+            released,
+            vec![
+                ("s".into(), at(1)),
+                ("s".into(), at(2)),
+                ("t".into(), at(7))
+            ]
+        );
+        assert_eq!(tracker.in_flight(), 0);
+        let c = tracker.track();
+        tracker.untrack(c);
+        assert!(tracker.take_delivered().unwrap_or_default().is_empty());
+    }
+
+    #[test]
+    fn a_failed_delivery_is_reported_once() {
+        let tracker = Tracker::default();
+        let e = tracker.track();
+        tracker.seal("s", at(1));
+        tracker.finish(
+            e,
+            Some(SinkError::Delivery {
+                topic: "t".into(),
+                table: "public.t".into(),
+                key: "1".into(),
+                reason: "too large".into(),
+                code: None,
+            }),
+        );
+        assert!(tracker.take_delivered().is_err());
+        assert!(tracker.take_delivered().unwrap_or_default().is_empty());
+    }
+
+    #[test]
+    fn keys_are_shown_readably() {
+        assert_eq!(show_key(None), "null");
+        assert_eq!(show_key(Some(b"{\"id\":1}")), "{\"id\":1}");
+        assert_eq!(show_key(Some(&[0, 0, 0, 1, 2])), "0000000102");
+        assert!(show_key(Some("é".repeat(300).as_bytes())).ends_with('…'));
+    }
+}

@@ -1,0 +1,465 @@
+//! `format = "json"`: Debezium's envelope as JSON, schemaless or in Kafka
+//! Connect's `{schema, payload}` form (`json_schemas = true`).
+//!
+//! Values follow [`walbridge_core::json`], as in the jsonl sink. With
+//! schemas, `json`/`jsonb` values are strings (Connect has no type for an
+//! arbitrary document; Debezium does the same, naming them
+//! `io.debezium.data.Json`), and each column's Connect type is derived from
+//! its PostgreSQL type (see [`connect_type`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde_json::{Map, Value, json};
+use walbridge_core::json::datum_to_json;
+use walbridge_core::{
+    Column, Datum, LogicalMessage, PgTimestamp, Relation, ReplicaIdentity, Row, ValueKind,
+};
+
+use crate::event::{
+    ChangeEvent, KeyColumns, RowImage, SourceBlock, TransactionRecord, TransactionStatus,
+};
+
+/// The connector name in every `source` block.
+pub const CONNECTOR: &str = "postgresql";
+
+/// walbridge's version, in every `source` block.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Connect schemas of one topic's key and value, for one relation descriptor.
+struct TopicSchemas {
+    relation: Relation,
+    key: Option<(Vec<usize>, Value)>,
+    value: Value,
+}
+
+/// Encodes events as JSON.
+pub struct JsonEncoder {
+    placeholder: Value,
+    with_schemas: bool,
+    with_transaction: bool,
+    schemas: HashMap<String, Arc<TopicSchemas>>,
+}
+
+impl JsonEncoder {
+    /// An encoder writing `placeholder` for unchanged TOASTed values;
+    /// `with_schemas` for the `{schema, payload}` form; `with_transaction`
+    /// when envelopes have a `transaction` field.
+    pub fn new(placeholder: &str, with_schemas: bool, with_transaction: bool) -> Self {
+        JsonEncoder {
+            placeholder: Value::String(placeholder.to_owned()),
+            with_schemas,
+            with_transaction,
+            schemas: HashMap::new(),
+        }
+    }
+
+    fn value(&self, datum: &Datum, column: &Column) -> Value {
+        if self.with_schemas && matches!(column.kind, ValueKind::Json | ValueKind::Jsonb) {
+            return match datum {
+                Datum::Text(text) => Value::String(String::from_utf8_lossy(text).into_owned()),
+                Datum::Null => Value::Null,
+                other => match datum_to_json(other, &column.kind, &self.placeholder) {
+                    Value::String(s) => Value::String(s),
+                    document => Value::String(document.to_string()),
+                },
+            };
+        }
+        datum_to_json(datum, &column.kind, &self.placeholder)
+    }
+
+    fn row(&self, relation: &Relation, image: &RowImage<'_>) -> Value {
+        let mut map = Map::with_capacity(relation.columns.len());
+        for (column, datum) in relation.columns.iter().zip(image.row.iter()) {
+            let value = if image.only_keys && !column.is_key {
+                Value::Null
+            } else {
+                self.value(datum, column)
+            };
+            map.insert(column.name.clone(), value);
+        }
+        Value::Object(map)
+    }
+
+    /// The schemas of `topic` for `relation`, made once per descriptor.
+    fn schemas(
+        &mut self,
+        topic: &str,
+        relation: &Relation,
+        keys: Option<&KeyColumns>,
+    ) -> Arc<TopicSchemas> {
+        let key_indexes = keys.map(|k| k.0.clone());
+        if let Some(cached) = self.schemas.get(topic)
+            && cached.relation == *relation
+            && cached.key.as_ref().map(|(k, _)| k) == key_indexes.as_ref()
+        {
+            return cached.clone();
+        }
+        let made = Arc::new(TopicSchemas {
+            relation: relation.clone(),
+            key: key_indexes.map(|k| {
+                let schema = key_schema(topic, relation, &k);
+                (k, schema)
+            }),
+            value: envelope_schema(topic, relation, self.with_transaction),
+        });
+        self.schemas.insert(topic.to_owned(), made.clone());
+        made
+    }
+
+    fn framed(&self, schema: impl FnOnce() -> Value, payload: Value) -> Vec<u8> {
+        let document = if self.with_schemas {
+            json!({"schema": schema(), "payload": payload})
+        } else {
+            payload
+        };
+        // Serializing a Value into a Vec cannot fail.
+        serde_json::to_vec(&document).unwrap_or_default()
+    }
+
+    /// The key of a row: its key columns as an object.
+    pub fn key(
+        &mut self,
+        topic: &str,
+        relation: &Relation,
+        keys: &KeyColumns,
+        row: &Row,
+    ) -> Vec<u8> {
+        let mut map = Map::with_capacity(keys.0.len());
+        for &i in &keys.0 {
+            if let (Some(column), Some(datum)) = (relation.columns.get(i), row.get(i)) {
+                map.insert(column.name.clone(), self.value(datum, column));
+            }
+        }
+        let schemas = self
+            .with_schemas
+            .then(|| self.schemas(topic, relation, Some(keys)));
+        self.framed(
+            || {
+                schemas
+                    .and_then(|s| s.key.as_ref().map(|(_, schema)| schema.clone()))
+                    .unwrap_or(Value::Null)
+            },
+            Value::Object(map),
+        )
+    }
+
+    /// The value of a change event.
+    pub fn change(&mut self, topic: &str, event: &ChangeEvent<'_>) -> Vec<u8> {
+        let relation = event.relation;
+        let mut payload = Map::new();
+        payload.insert(
+            "before".into(),
+            event
+                .before
+                .as_ref()
+                .map_or(Value::Null, |b| self.row(relation, b)),
+        );
+        payload.insert(
+            "after".into(),
+            event
+                .after
+                .as_ref()
+                .map_or(Value::Null, |a| self.row(relation, a)),
+        );
+        payload.insert("source".into(), source_payload(&event.source));
+        payload.insert("op".into(), Value::String(event.op.code().into()));
+        let now = PgTimestamp::now().unix_micros();
+        payload.insert("ts_ms".into(), json!(now.div_euclid(1000)));
+        payload.insert("ts_us".into(), json!(now));
+        if self.with_transaction {
+            payload.insert(
+                "transaction".into(),
+                event.transaction.as_ref().map_or(Value::Null, |t| {
+                    json!({
+                        "id": t.id,
+                        "total_order": t.total_order,
+                        "data_collection_order": t.data_collection_order,
+                    })
+                }),
+            );
+        }
+        let schemas = self
+            .with_schemas
+            .then(|| self.schemas(topic, relation, None));
+        self.framed(
+            || schemas.map(|s| s.value.clone()).unwrap_or(Value::Null),
+            Value::Object(payload),
+        )
+    }
+
+    /// The key of a transaction-metadata record.
+    pub fn transaction_key(&self, topic: &str, source: &str, id: &str) -> Vec<u8> {
+        self.framed(
+            || {
+                struct_schema(
+                    &format!("{topic}.TransactionKey"),
+                    false,
+                    vec![
+                        field("source", "string", false),
+                        field("id", "string", false),
+                    ],
+                )
+            },
+            json!({"source": source, "id": id}),
+        )
+    }
+
+    /// A transaction-metadata record.
+    pub fn transaction(
+        &self,
+        topic: &str,
+        source: &str,
+        record: &TransactionRecord<'_>,
+    ) -> Vec<u8> {
+        let collections = record.data_collections.map(|per_table| {
+            per_table
+                .iter()
+                .map(|(table, count)| json!({"data_collection": table, "event_count": count}))
+                .collect::<Vec<_>>()
+        });
+        self.framed(
+            || {
+                let collection = struct_schema(
+                    &format!("{topic}.DataCollection"),
+                    false,
+                    vec![
+                        field("data_collection", "string", false),
+                        field("event_count", "int64", false),
+                    ],
+                );
+                struct_schema(
+                    &format!("{topic}.TransactionValue"),
+                    false,
+                    vec![
+                        field("status", "string", false),
+                        field("id", "string", false),
+                        field("source", "string", false),
+                        field("event_count", "int64", true),
+                        named_field(
+                            json!({"type": "array", "items": collection, "optional": true}),
+                            "data_collections",
+                        ),
+                        field("ts_ms", "int64", false),
+                    ],
+                )
+            },
+            json!({
+                "status": match record.status {
+                    TransactionStatus::Begin => "BEGIN",
+                    TransactionStatus::End => "END",
+                },
+                "id": record.id,
+                "source": source,
+                "event_count": record.event_count,
+                "data_collections": collections,
+                "ts_ms": record.ts_ms,
+            }),
+        )
+    }
+
+    /// The key of a logical decoding message: its prefix.
+    pub fn message_key(&self, topic: &str, prefix: &str) -> Vec<u8> {
+        self.framed(
+            || {
+                struct_schema(
+                    &format!("{topic}.MessageKey"),
+                    false,
+                    vec![field("prefix", "string", false)],
+                )
+            },
+            json!({"prefix": prefix}),
+        )
+    }
+
+    /// A logical decoding message event (`op = "m"`).
+    pub fn message(
+        &self,
+        topic: &str,
+        source: &SourceBlock<'_>,
+        message: &LogicalMessage,
+    ) -> Vec<u8> {
+        let now = PgTimestamp::now().unix_micros();
+        self.framed(
+            || {
+                struct_schema(
+                    &format!("{topic}.MessageValue"),
+                    false,
+                    vec![
+                        field("op", "string", false),
+                        field("ts_ms", "int64", false),
+                        field("ts_us", "int64", false),
+                        named_field(source_schema(), "source"),
+                        named_field(
+                            struct_schema(
+                                "io.debezium.connector.postgresql.Message",
+                                false,
+                                vec![
+                                    field("prefix", "string", false),
+                                    field("content", "bytes", false),
+                                ],
+                            ),
+                            "message",
+                        ),
+                    ],
+                )
+            },
+            json!({
+                "op": "m",
+                "ts_ms": now.div_euclid(1000),
+                "ts_us": now,
+                "source": source_payload(source),
+                "message": {"prefix": message.prefix, "content": BASE64.encode(&message.content)},
+            }),
+        )
+    }
+}
+
+fn source_payload(source: &SourceBlock<'_>) -> Value {
+    json!({
+        "version": VERSION,
+        "connector": CONNECTOR,
+        "name": source.name,
+        "ts_ms": source.ts_us.div_euclid(1000),
+        "ts_us": source.ts_us,
+        "snapshot": if source.snapshot { "true" } else { "false" },
+        "db": source.database,
+        "schema": source.schema,
+        "table": source.table,
+        "txId": source.xid,
+        "lsn": source.lsn.0,
+        "commit_lsn": source.commit_lsn.map(|l| l.0),
+    })
+}
+
+fn field(name: &str, kind: &str, optional: bool) -> Value {
+    json!({"type": kind, "optional": optional, "field": name})
+}
+
+fn named_field(mut schema: Value, name: &str) -> Value {
+    schema["field"] = Value::String(name.to_owned());
+    schema
+}
+
+fn struct_schema(name: &str, optional: bool, fields: Vec<Value>) -> Value {
+    json!({"type": "struct", "fields": fields, "optional": optional, "name": name})
+}
+
+fn source_schema() -> Value {
+    struct_schema(
+        "io.debezium.connector.postgresql.Source",
+        false,
+        vec![
+            field("version", "string", false),
+            field("connector", "string", false),
+            field("name", "string", false),
+            field("ts_ms", "int64", false),
+            field("ts_us", "int64", false),
+            field("snapshot", "string", true),
+            field("db", "string", false),
+            field("schema", "string", true),
+            field("table", "string", true),
+            field("txId", "int64", true),
+            field("lsn", "int64", true),
+            field("commit_lsn", "int64", true),
+        ],
+    )
+}
+
+/// The Connect schema of a column's values: type, and Debezium's semantic
+/// name where the string or number means more than itself.
+pub fn connect_type(kind: &ValueKind) -> Value {
+    let plain = |t: &str| json!({"type": t});
+    let named = |t: &str, name: &str| json!({"type": t, "name": name});
+    match kind {
+        ValueKind::Bool => plain("boolean"),
+        ValueKind::Int2 => plain("int16"),
+        ValueKind::Int4 => plain("int32"),
+        ValueKind::Int8 | ValueKind::Oid => plain("int64"),
+        ValueKind::Float4 => plain("float"),
+        ValueKind::Float8 => plain("double"),
+        ValueKind::Bytea => plain("bytes"),
+        ValueKind::Json | ValueKind::Jsonb => named("string", "io.debezium.data.Json"),
+        ValueKind::Uuid => named("string", "io.debezium.data.Uuid"),
+        ValueKind::Enum => named("string", "io.debezium.data.Enum"),
+        ValueKind::TimestampTz => named("string", "io.debezium.time.ZonedTimestamp"),
+        ValueKind::TimeTz => named("string", "io.debezium.time.ZonedTime"),
+        ValueKind::Interval => named("string", "io.debezium.time.Interval"),
+        ValueKind::Array { element, .. } => {
+            let mut items = connect_type(element);
+            items["optional"] = Value::Bool(true);
+            json!({"type": "array", "items": items})
+        }
+        ValueKind::Numeric
+        | ValueKind::Text
+        | ValueKind::Date
+        | ValueKind::Time
+        | ValueKind::Timestamp
+        | ValueKind::Composite
+        | ValueKind::Range
+        | ValueKind::Other => plain("string"),
+    }
+}
+
+fn column_field(column: &Column, optional: bool) -> Value {
+    let mut schema = connect_type(&column.kind);
+    schema["optional"] = Value::Bool(optional);
+    schema["field"] = Value::String(column.name.clone());
+    schema
+}
+
+/// True for columns that can never hold NULL as far as the publisher
+/// tells: those of a primary key or replica-identity index (with REPLICA
+/// IDENTITY FULL every column is flagged, NULLs included).
+fn never_null(relation: &Relation, column: &Column) -> bool {
+    column.is_key
+        && matches!(
+            relation.replica_identity,
+            ReplicaIdentity::Default | ReplicaIdentity::Index
+        )
+}
+
+fn key_schema(topic: &str, relation: &Relation, keys: &[usize]) -> Value {
+    let fields = keys
+        .iter()
+        .filter_map(|&i| relation.columns.get(i))
+        .map(|c| column_field(c, !never_null(relation, c)))
+        .collect();
+    struct_schema(&format!("{topic}.Key"), false, fields)
+}
+
+/// The envelope: `before` and `after` are the table's `Value` struct (every
+/// column optional but the identity's, which old images always carry).
+fn envelope_schema(topic: &str, relation: &Relation, with_transaction: bool) -> Value {
+    let value_fields: Vec<Value> = relation
+        .columns
+        .iter()
+        .map(|c| column_field(c, !never_null(relation, c)))
+        .collect();
+    let value = struct_schema(&format!("{topic}.Value"), true, value_fields);
+    let mut fields = vec![
+        named_field(value.clone(), "before"),
+        named_field(value, "after"),
+        named_field(source_schema(), "source"),
+        field("op", "string", false),
+        field("ts_ms", "int64", true),
+        field("ts_us", "int64", true),
+    ];
+    if with_transaction {
+        fields.push(named_field(
+            struct_schema(
+                "event.block",
+                true,
+                vec![
+                    field("id", "string", false),
+                    field("total_order", "int64", false),
+                    field("data_collection_order", "int64", false),
+                ],
+            ),
+            "transaction",
+        ));
+    }
+    struct_schema(&format!("{topic}.Envelope"), false, fields)
+}

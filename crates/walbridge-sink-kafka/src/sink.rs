@@ -1,0 +1,270 @@
+//! The sink's run loop: events in, messages out, cursor stored behind the
+//! deliveries.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::types::RDKafkaErrorCode;
+use tokio::sync::mpsc;
+use walbridge_core::SourceEvent;
+use walbridge_log::{CursorFile, CursorPosition, CursorState, Routed, SourceContext};
+
+use crate::client;
+use crate::config::KafkaSinkConfig;
+use crate::delivery::{DeliveryContext, Pending, Tracker, show_key};
+use crate::error::SinkError;
+use crate::event::{Emitter, Outgoing, SourceRef};
+use crate::topic::Topics;
+
+/// The longest the sink goes, while busy, without storing its cursor.
+pub const COMMIT_INTERVAL: Duration = Duration::from_millis(100);
+
+/// How long a stopping sink waits for its messages in flight.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a full producer queue is waited on before trying again.
+const QUEUE_FULL_WAIT: Duration = Duration::from_millis(50);
+
+/// A kafka sink ready to run.
+pub struct KafkaSink {
+    config: KafkaSinkConfig,
+    cursor_file: CursorFile,
+    cursor: CursorState,
+}
+
+impl KafkaSink {
+    /// Loads the sink's cursor from `cursor_dir` and checks the
+    /// configuration. Does not connect: the cluster may be down, which
+    /// [`KafkaSink::run`] reports (and the runtime retries) without holding
+    /// up the sources.
+    pub fn open(config: KafkaSinkConfig, cursor_dir: &Path) -> Result<Self, SinkError> {
+        let problems = config.validate();
+        if !problems.is_empty() {
+            return Err(SinkError::Config(problems.join("; ")));
+        }
+        let cursor_file = CursorFile::new(cursor_dir, &config.name);
+        let cursor = cursor_file.load()?.unwrap_or_default();
+        Ok(KafkaSink {
+            config,
+            cursor_file,
+            cursor,
+        })
+    }
+
+    /// The sink's name.
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// Where the sink's cursor says to go on reading `source`'s log.
+    pub fn stored_position(&self, source: &str) -> Option<&CursorPosition> {
+        self.cursor.positions.get(source)
+    }
+
+    /// Produces every event from `events` until the channel closes, then
+    /// waits for the deliveries and stores the cursor.
+    pub async fn run(mut self, mut events: mpsc::Receiver<Routed>) -> Result<(), SinkError> {
+        let tracker = Arc::new(Tracker::default());
+        let producer = client::producer(
+            &self.config,
+            DeliveryContext {
+                tracker: tracker.clone(),
+            },
+        )?;
+        let metadata_producer = producer.clone();
+        let brokers = client::check_reachable(
+            move |timeout| metadata_producer.client().fetch_metadata(None, timeout),
+            &self.config.brokers,
+        )
+        .await?;
+        tracing::info!(sink = %self.config.name, brokers, "Kafka cluster reachable");
+        let admin = if self.config.topic_creation.enabled {
+            Some(client::admin(&self.config)?)
+        } else {
+            None
+        };
+        let mut run = Run {
+            emitter: Emitter::new(&self.config)?,
+            topics: Topics::new(admin, self.config.topic_creation.clone()),
+            producer,
+            tracker,
+            sources: HashMap::new(),
+            outgoing: Vec::new(),
+        };
+        let mut last_store = Instant::now();
+        let mut tick = tokio::time::interval(COMMIT_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                routed = events.recv() => match routed {
+                    Some(routed) => run.produce(routed).await?,
+                    None => break,
+                },
+                _ = tick.tick() => {}
+            }
+            if last_store.elapsed() >= COMMIT_INTERVAL {
+                self.store_delivered(&run)?;
+                last_store = Instant::now();
+            }
+        }
+        let producer = run.producer.clone();
+        let flushed = tokio::task::spawn_blocking(move || producer.flush(FLUSH_TIMEOUT))
+            .await
+            .map_err(|e| SinkError::Unreachable {
+                brokers: self.config.brokers.clone(),
+                reason: format!("flushing did not finish: {e}"),
+            })?;
+        self.store_delivered(&run)?;
+        flushed.map_err(|e| SinkError::Unreachable {
+            brokers: self.config.brokers.clone(),
+            reason: format!(
+                "{} messages were not delivered within {FLUSH_TIMEOUT:?} of stopping ({e}); they are sent again at the next start",
+                run.tracker.in_flight()
+            ),
+        })
+    }
+
+    /// Stores the positions whose messages are all delivered, then
+    /// acknowledges them to their sources.
+    fn store_delivered(&mut self, run: &Run) -> Result<(), SinkError> {
+        let released = run.tracker.take_delivered()?;
+        if released.is_empty() {
+            return Ok(());
+        }
+        let mut latest = HashMap::new();
+        for (source, position) in released {
+            latest.insert(source, position);
+        }
+        for (name, position) in &latest {
+            if let Some(source) = run.sources.get(name) {
+                self.cursor.positions.insert(
+                    name.clone(),
+                    CursorPosition {
+                        log: source.log_id.clone(),
+                        next: position.next,
+                    },
+                );
+            }
+        }
+        self.cursor_file.store(&self.cursor)?;
+        for (name, position) in latest {
+            if let Some(source) = run.sources.get(&name) {
+                source.acked.send_replace(position);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The state of one run.
+struct Run {
+    emitter: Emitter,
+    topics: Topics,
+    producer: ThreadedProducer<DeliveryContext>,
+    tracker: Arc<Tracker>,
+    sources: HashMap<String, Arc<SourceContext>>,
+    /// Messages of the event being handled (reused).
+    outgoing: Vec<Outgoing>,
+}
+
+impl Run {
+    /// Produces the messages of a batch of events; seals the epoch when the
+    /// batch ends a unit.
+    async fn produce(&mut self, routed: Routed) -> Result<(), SinkError> {
+        let source = routed.source.clone();
+        self.sources
+            .entry(source.name.clone())
+            .or_insert_with(|| source.clone());
+        let from = SourceRef {
+            source: &source.name,
+            database: &source.database,
+        };
+        for event in routed.events {
+            self.outgoing.clear();
+            match event {
+                SourceEvent::Snapshot(batch) => {
+                    self.emitter.snapshot(from, &batch, &mut self.outgoing)?
+                }
+                SourceEvent::SnapshotComplete { .. } => {}
+                SourceEvent::Begin(info) => self.emitter.begin(from, info, &mut self.outgoing)?,
+                SourceEvent::Change(change) => {
+                    self.emitter.change(from, &change, &mut self.outgoing)?
+                }
+                SourceEvent::Commit(_) => self.emitter.commit(from, &mut self.outgoing)?,
+                SourceEvent::Message(message) => {
+                    self.emitter.message(from, &message, &mut self.outgoing)?
+                }
+            }
+            let outgoing = std::mem::take(&mut self.outgoing);
+            for message in &outgoing {
+                self.send(&source.name, message).await?;
+            }
+            self.outgoing = outgoing;
+        }
+        if let Some(position) = routed.position {
+            self.tracker.seal(&source.name, position);
+        }
+        Ok(())
+    }
+
+    /// Hands one message to the producer, waiting while its queue is full.
+    async fn send(&mut self, source: &str, message: &Outgoing) -> Result<(), SinkError> {
+        self.topics.ensure(&message.topic).await?;
+        let epoch = self.tracker.track();
+        let table: Arc<str> = Arc::from(message.table.as_str());
+        let lsn = message.lsn.to_string();
+        let xid = message.xid.map(|x| x.to_string());
+        loop {
+            let mut headers = OwnedHeaders::new_with_capacity(3)
+                .insert(Header {
+                    key: "walbridge.source",
+                    value: Some(source),
+                })
+                .insert(Header {
+                    key: "walbridge.lsn",
+                    value: Some(&lsn),
+                });
+            if let Some(xid) = &xid {
+                headers = headers.insert(Header {
+                    key: "walbridge.xid",
+                    value: Some(xid),
+                });
+            }
+            let mut record = BaseRecord::<[u8], [u8], Box<Pending>>::with_opaque_to(
+                &message.topic,
+                Box::new(Pending {
+                    epoch,
+                    table: table.clone(),
+                }),
+            )
+            .headers(headers);
+            if let Some(key) = &message.key {
+                record = record.key(key.as_slice());
+            }
+            if let Some(value) = &message.value {
+                record = record.payload(value.as_slice());
+            }
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    let _ = tokio::time::timeout(QUEUE_FULL_WAIT, self.tracker.changed()).await;
+                }
+                Err((error, _)) => {
+                    self.tracker.untrack(epoch);
+                    return Err(SinkError::Delivery {
+                        topic: message.topic.clone(),
+                        table: message.table.clone(),
+                        key: show_key(message.key.as_deref()),
+                        reason: error.to_string(),
+                        code: error.rdkafka_error_code(),
+                    });
+                }
+            }
+        }
+    }
+}

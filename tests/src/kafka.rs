@@ -1,0 +1,233 @@
+//! A real Kafka-protocol broker for tests, and a third-party consumer.
+//!
+//! [`Broker`] runs the `tansu` broker (in-memory storage) on a free
+//! loopback port and kills it when dropped. [`consume`] reads topics with
+//! Python's `confluent-kafka`, so what the tests check is what an ordinary
+//! Kafka client sees. `scripts/kafka-test-env.sh` installs both.
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn cache_dir() -> PathBuf {
+    if crate::is_root() {
+        PathBuf::from("/var/cache/walbridge")
+    } else {
+        let home = std::env::var("HOME").unwrap_or_default();
+        PathBuf::from(home).join(".cache/walbridge")
+    }
+}
+
+/// The tansu binary: `$WALBRIDGE_TANSU`, else `~/.cargo/bin/tansu`.
+fn tansu() -> PathBuf {
+    if let Ok(path) = std::env::var("WALBRIDGE_TANSU") {
+        return PathBuf::from(path);
+    }
+    let cargo_home = std::env::var("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cargo")
+        });
+    let path = cargo_home.join("bin/tansu");
+    assert!(
+        path.exists(),
+        "the tansu broker is not installed at {}: run scripts/kafka-test-env.sh",
+        path.display()
+    );
+    path
+}
+
+/// The Python with confluent-kafka: `$WALBRIDGE_KAFKA_VENV/bin/python`.
+fn python() -> PathBuf {
+    let venv = std::env::var("WALBRIDGE_KAFKA_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| cache_dir().join("kafka-venv"));
+    let path = venv.join("bin/python");
+    assert!(
+        path.exists(),
+        "no Python with confluent-kafka at {}: run scripts/kafka-test-env.sh",
+        path.display()
+    );
+    path
+}
+
+/// A running tansu broker; killed when dropped.
+pub struct Broker {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Broker {
+    /// Starts a broker with in-memory storage on a free port and waits
+    /// until it accepts connections.
+    pub fn start() -> Broker {
+        let mut last = String::new();
+        for _ in 0..5 {
+            // Another process may take the port in between: try another.
+            match Self::spawn(crate::free_port()) {
+                Ok(broker) => return broker,
+                Err(log) => last = log,
+            }
+        }
+        panic!("the tansu broker did not start:\n{last}");
+    }
+
+    /// Starts a broker on `port`.
+    pub fn start_on(port: u16) -> Broker {
+        Self::spawn(port).unwrap_or_else(|log| panic!("the tansu broker did not start:\n{log}"))
+    }
+
+    fn spawn(port: u16) -> Result<Broker, String> {
+        let dir = tempfile::Builder::new()
+            .prefix("walbridge-kafka-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let log = dir.path().join("broker.log");
+        let url = format!("tcp://127.0.0.1:{port}");
+        let output = std::fs::File::create(&log).unwrap_or_else(|e| panic!("broker log: {e}"));
+        let errors = output
+            .try_clone()
+            .unwrap_or_else(|e| panic!("broker log: {e}"));
+        let mut child = Command::new(tansu())
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+            ])
+            .args(["--storage-engine", "memory://tansu/"])
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(output)
+            .stderr(errors)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start tansu: {e}"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                break;
+            }
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Ok(Broker {
+                    child,
+                    port,
+                    log,
+                    _dir: dir,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        Err(std::fs::read_to_string(&log).unwrap_or_default())
+    }
+
+    /// `127.0.0.1:port`, for `bootstrap.servers`.
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The broker's output so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One message as the consumer decoded it.
+#[derive(Clone, Debug)]
+pub struct Consumed {
+    /// Its topic.
+    pub topic: String,
+    /// Its partition.
+    pub partition: i64,
+    /// Its offset in the partition.
+    pub offset: i64,
+    /// The decoded key (`null` for a null key).
+    pub key: Value,
+    /// The decoded value (`null` for a tombstone).
+    pub value: Value,
+    /// Headers, as text.
+    pub headers: Value,
+}
+
+/// How [`consume`] reads.
+#[derive(Clone, Debug)]
+pub struct ConsumeOptions<'a> {
+    /// Topics to read from the beginning.
+    pub topics: &'a [&'a str],
+    /// The sink's `format`.
+    pub format: &'a str,
+    /// Read at least this many messages (then stop once no more come).
+    pub expect: usize,
+    /// Give up after this long.
+    pub timeout: Duration,
+}
+
+/// Reads `options.topics` on `broker` with Python's confluent-kafka.
+/// Panics with the consumer's error output if it fails, or if fewer than
+/// `expect` messages arrived in time.
+pub fn consume(broker: &Broker, options: &ConsumeOptions<'_>) -> Vec<Consumed> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("kafka/consume.py");
+    let mut command = Command::new(python());
+    command
+        .arg(script)
+        .args(["--brokers", &broker.bootstrap(), "--format", options.format])
+        .args(["--expect", &options.expect.to_string()])
+        .args(["--timeout", &options.timeout.as_secs_f64().to_string()]);
+    for topic in options.topics {
+        command.args(["--topic", topic]);
+    }
+    let output = command
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the consumer: {e}"));
+    assert!(
+        output.status.success(),
+        "the consumer failed ({}): {}\nbroker log:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr),
+        broker.log()
+    );
+    let document: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "the consumer printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    });
+    let messages: Vec<Consumed> = document["messages"]
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .map(|m| Consumed {
+                    topic: m["topic"].as_str().unwrap_or_default().to_owned(),
+                    partition: m["partition"].as_i64().unwrap_or(-1),
+                    offset: m["offset"].as_i64().unwrap_or(-1),
+                    key: m["key"].clone(),
+                    value: m["value"].clone(),
+                    headers: m["headers"].clone(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        messages.len() >= options.expect,
+        "expected at least {} messages on {:?}, read {}: {messages:#?}",
+        options.expect,
+        options.topics,
+        messages.len()
+    );
+    messages
+}

@@ -1,0 +1,465 @@
+//! The kafka sink against a real Kafka-protocol broker (tansu), read back
+//! with Python's confluent-kafka.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use walbridge_tests::Cluster;
+use walbridge_tests::kafka::{Broker, ConsumeOptions, Consumed, consume};
+use walbridge_tests::walbridge::Deployment;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// A publisher, a broker, and walbridge between them.
+struct Pipeline {
+    publisher: Cluster,
+    broker: Broker,
+    wb: Deployment,
+}
+
+impl Pipeline {
+    fn new(ddl: &str) -> Self {
+        let publisher = Cluster::start();
+        publisher.psql(ddl);
+        Pipeline {
+            publisher,
+            broker: Broker::start(),
+            wb: Deployment::new(),
+        }
+    }
+
+    /// Source `src` reading publication `pub`, a kafka sink `events` with
+    /// `sink_extra`, and `other_sinks` verbatim.
+    fn configure(&self, sink_extra: &str, other_sinks: &str) {
+        self.wb.configure_sinks(
+            &self.publisher.superuser(),
+            &["pub"],
+            "",
+            &format!(
+                "[[sink]]\nname = \"events\"\ntype = \"kafka\"\nbrokers = \"{}\"\n{sink_extra}\n\n{other_sinks}",
+                self.broker.bootstrap()
+            ),
+        );
+    }
+
+    fn read(&self, topics: &[&str], expect: usize) -> Vec<Consumed> {
+        consume(
+            &self.broker,
+            &ConsumeOptions {
+                topics,
+                format: "json",
+                expect,
+                timeout: WAIT,
+            },
+        )
+    }
+}
+
+/// Waits until walbridge's log contains `text`; returns the log.
+fn wait_for_log(wb: &Deployment, text: &str) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let log = wb.log();
+        if log.contains(text) {
+            return log;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "`{text}` not logged within {WAIT:?}:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Messages per key, each key's in partition order (Kafka orders a key's
+/// messages, nothing across keys).
+fn by_key(messages: &[Consumed]) -> BTreeMap<String, Vec<&Consumed>> {
+    let mut keys: BTreeMap<String, Vec<&Consumed>> = BTreeMap::new();
+    for m in messages {
+        keys.entry(m.key.to_string()).or_default().push(m);
+    }
+    keys
+}
+
+fn ops(messages: &[&Consumed]) -> Vec<String> {
+    messages
+        .iter()
+        .map(|m| m.value["op"].as_str().unwrap_or("tombstone").to_owned())
+        .collect()
+}
+
+#[test]
+fn change_events_keys_tombstones_and_headers() {
+    let p = Pipeline::new(
+        "CREATE TABLE items (id int PRIMARY KEY, name text, qty int8, doc jsonb, price numeric(10,2));
+         CREATE TABLE notes (body text);
+         INSERT INTO items VALUES (1, 'one', 10, '{\"a\": [1, 2]}', 1.50), (2, 'two', 20, NULL, NULL), (3, 'three', 30, '{}', 3.00);
+         INSERT INTO notes VALUES ('first');
+         CREATE PUBLICATION pub FOR TABLE items, notes;",
+    );
+    p.configure("", "");
+    let check = p.wb.command(&["check"]);
+    let printed = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        check.status.success()
+            && printed.contains("ok: sink `events`: 1 Kafka broker(s) reachable"),
+        "{printed}{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let _running = p.wb.start();
+    let items = "src.public.items";
+    let notes = "src.public.notes";
+    let snapshot = p.read(&[items], 3);
+    let snapshot = by_key(&snapshot);
+    assert_eq!(snapshot.len(), 3);
+    let first = snapshot[&json!({"id": 1}).to_string()][0];
+    assert_eq!(first.value["op"], "r");
+    assert_eq!(
+        first.value["after"],
+        json!({"id": 1, "name": "one", "qty": 10, "doc": {"a": [1, 2]}, "price": "1.50"})
+    );
+    assert_eq!(first.value["before"], Value::Null);
+    let source = &first.value["source"];
+    assert_eq!(source["snapshot"], "true");
+    assert_eq!(source["connector"], "postgresql");
+    assert_eq!(source["name"], "src");
+    assert_eq!(source["db"], "postgres");
+    assert_eq!(
+        (&source["schema"], &source["table"]),
+        (&json!("public"), &json!("items"))
+    );
+    assert!(
+        first.value["ts_ms"]
+            .as_i64()
+            .is_some_and(|t| t > 1_600_000_000_000)
+    );
+    assert_eq!(first.headers["walbridge.source"], "src");
+
+    p.publisher.psql(
+        "BEGIN;
+         INSERT INTO items VALUES (4, 'four', 40, NULL, 4.00);
+         UPDATE items SET qty = 11 WHERE id = 1;
+         COMMIT;
+         UPDATE items SET id = 20 WHERE id = 2;
+         DELETE FROM items WHERE id = 3;
+         INSERT INTO notes VALUES ('second');
+         TRUNCATE notes;",
+    );
+    // c, u, then the key change (d + tombstone, c), then d + tombstone.
+    let all = p.read(&[items], 3 + 7);
+    let keys = by_key(&all);
+    let history = |id: i64| ops(&keys[&json!({"id": id}).to_string()]);
+    assert_eq!(history(1), ["r", "u"]);
+    assert_eq!(history(2), ["r", "d", "tombstone"]);
+    assert_eq!(history(20), ["c"]);
+    assert_eq!(history(3), ["r", "d", "tombstone"]);
+    assert_eq!(history(4), ["c"]);
+    let insert = keys[&json!({"id": 4}).to_string()][0];
+    let update = keys[&json!({"id": 1}).to_string()][1];
+    let key_delete = keys[&json!({"id": 2}).to_string()][1];
+    let key_create = keys[&json!({"id": 20}).to_string()][0];
+    let delete = keys[&json!({"id": 3}).to_string()][1];
+    assert_eq!(insert.value["after"]["price"], "4.00");
+    assert_eq!(
+        update.value["before"],
+        Value::Null,
+        "DEFAULT identity: no old row"
+    );
+    assert_eq!(update.value["after"]["qty"], 11);
+    // One transaction: same xid and commit LSN; headers agree with `source`.
+    assert_eq!(
+        insert.value["source"]["txId"],
+        update.value["source"]["txId"]
+    );
+    assert_eq!(
+        insert.value["source"]["commit_lsn"],
+        update.value["source"]["commit_lsn"]
+    );
+    assert_eq!(insert.value["source"]["snapshot"], "false");
+    assert_eq!(
+        insert.headers["walbridge.xid"],
+        insert.value["source"]["txId"].to_string()
+    );
+    let lsn = insert.value["source"]["lsn"].as_u64().unwrap_or_default();
+    assert_eq!(
+        insert.headers["walbridge.lsn"],
+        format!("{:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff)
+    );
+    // The key change: the old key is deleted (and compacted away), the new one created.
+    assert_eq!(key_delete.value["before"]["id"], 2);
+    assert_eq!(key_create.value["before"], Value::Null);
+    assert_eq!(key_create.value["after"]["name"], "two");
+    assert_eq!(
+        delete.value["before"],
+        json!({"id": 3, "name": null, "qty": null, "doc": null, "price": null}),
+        "DEFAULT identity: the old row has the key only"
+    );
+    assert_eq!(delete.value["after"], Value::Null);
+    // Every message of a row on one partition.
+    for (key, messages) in &keys {
+        let partitions: BTreeSet<i64> = messages.iter().map(|m| m.partition).collect();
+        assert_eq!(partitions.len(), 1, "{key}: {messages:#?}");
+    }
+
+    // A table without identity: null keys; its truncate is an event too.
+    let note_events = p.read(&[notes], 3);
+    let mut note_ops = ops(&note_events.iter().collect::<Vec<_>>());
+    note_ops.sort();
+    assert_eq!(note_ops, ["c", "r", "t"]);
+    assert!(note_events.iter().all(|m| m.key.is_null()));
+    let truncate = note_events.iter().find(|m| m.value["op"] == "t");
+    assert_eq!(
+        truncate.map(|m| &m.value["source"]["table"]),
+        Some(&json!("notes"))
+    );
+}
+
+#[test]
+fn connect_schemas_transaction_metadata_and_messages() {
+    let p = Pipeline::new(
+        "CREATE TABLE a (id int PRIMARY KEY, v text, t timestamptz, j json, tags text[]);
+         CREATE TABLE b (id bigint PRIMARY KEY, n numeric);
+         CREATE PUBLICATION pub FOR TABLE a, b;",
+    );
+    p.configure(
+        "json_schemas = true\ntransaction_topic = \"cdc.transactions\"\nmessage_topic = \"cdc.messages\"\ntombstones = false\ntopic = \"cdc.{table}\"\n",
+        "",
+    );
+    let _running = p.wb.start();
+    // The sink is running once its topics can be created: wait for an event.
+    p.publisher.psql("INSERT INTO b VALUES (0, 0)");
+    p.read(&["cdc.b"], 1);
+    p.publisher.psql(
+        "SET timezone = 'UTC';
+         BEGIN;
+         INSERT INTO a VALUES (1, 'x', '2024-05-06 07:08:09.123456+00', '{\"k\": 1}', '{p,q}');
+         INSERT INTO b VALUES (1, 12.5), (2, 7);
+         SELECT pg_logical_emit_message(true, 'audit', 'who=alice');
+         DELETE FROM b WHERE id = 2;
+         COMMIT;",
+    );
+    let a = p.read(&["cdc.a"], 1);
+    let event = &a[0];
+    let schema = &event.value["schema"];
+    assert_eq!(schema["name"], "cdc.a.Envelope");
+    let fields: Vec<&str> = schema["fields"]
+        .as_array()
+        .map(|f| f.iter().filter_map(|f| f["field"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        fields,
+        [
+            "before",
+            "after",
+            "source",
+            "op",
+            "ts_ms",
+            "ts_us",
+            "transaction"
+        ]
+    );
+    let after_fields = &schema["fields"][1]["fields"];
+    let field = |name: &str| {
+        after_fields
+            .as_array()
+            .and_then(|f| f.iter().find(|f| f["field"] == name))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    assert_eq!(field("id")["type"], "int32");
+    assert_eq!(field("id")["optional"], false);
+    assert_eq!(field("v")["optional"], true);
+    assert_eq!(field("t")["name"], "io.debezium.time.ZonedTimestamp");
+    assert_eq!(field("j")["name"], "io.debezium.data.Json");
+    assert_eq!(field("tags")["type"], "array");
+    let payload = &event.value["payload"];
+    assert_eq!(payload["op"], "c");
+    assert_eq!(
+        payload["after"],
+        json!({"id": 1, "v": "x", "t": "2024-05-06T07:08:09.123456Z", "j": "{\"k\": 1}", "tags": ["p", "q"]})
+    );
+    assert_eq!(event.key["schema"]["name"], "cdc.a.Key");
+    assert_eq!(event.key["payload"], json!({"id": 1}));
+    let transaction = &payload["transaction"];
+    assert_eq!(transaction["total_order"], 1);
+    assert_eq!(transaction["data_collection_order"], 1);
+    let id = transaction["id"].as_str().unwrap_or_default().to_owned();
+    assert!(id.starts_with(&format!("{}:", payload["source"]["txId"])));
+
+    // b: the first insert (own transaction), then two inserts and a delete
+    // (no tombstone with `tombstones = false`).
+    let b = p.read(&["cdc.b"], 4);
+    let b_keys = by_key(&b);
+    let b_events = |id: i64| -> Vec<&Value> {
+        b_keys[&json!({"schema": b[0].key["schema"], "payload": {"id": id}}).to_string()]
+            .iter()
+            .map(|m| &m.value["payload"])
+            .collect()
+    };
+    let ops_of = |id: i64| -> Vec<Value> { b_events(id).iter().map(|p| p["op"].clone()).collect() };
+    assert_eq!(ops_of(0), ["c"]);
+    assert_eq!(ops_of(1), ["c"]);
+    assert_eq!(ops_of(2), ["c", "d"]);
+    assert_eq!(b_events(1)[0]["after"]["n"], "12.5");
+    let b_delete = b_events(2)[1];
+    assert_eq!(b_delete["transaction"]["total_order"], 4);
+    assert_eq!(b_delete["transaction"]["data_collection_order"], 3);
+
+    // BEGIN and END per transaction, END with its counts per table.
+    let transactions = p.read(&["cdc.transactions"], 4);
+    let ours: Vec<&Value> = transactions
+        .iter()
+        .map(|m| &m.value["payload"])
+        .filter(|v| v["id"] == id)
+        .collect();
+    assert_eq!(ours.len(), 2, "{transactions:#?}");
+    assert_eq!(ours[0]["status"], "BEGIN");
+    assert_eq!(ours[1]["status"], "END");
+    assert_eq!(ours[1]["event_count"], 4);
+    assert_eq!(
+        ours[1]["data_collections"],
+        json!([
+            {"data_collection": "public.a", "event_count": 1},
+            {"data_collection": "public.b", "event_count": 3},
+        ])
+    );
+
+    let messages = p.read(&["cdc.messages"], 1);
+    let message = &messages[0];
+    assert_eq!(message.key["payload"], json!({"prefix": "audit"}));
+    assert_eq!(message.value["payload"]["op"], "m");
+    assert_eq!(message.value["payload"]["message"]["prefix"], "audit");
+    assert_eq!(
+        message.value["payload"]["message"]["content"],
+        "d2hvPWFsaWNl"
+    );
+    assert_eq!(
+        message.value["payload"]["source"]["txId"],
+        payload["source"]["txId"]
+    );
+}
+
+#[test]
+fn a_crash_loses_nothing_and_duplicates_are_recognizable() {
+    let p = Pipeline::new(
+        "CREATE TABLE t (id int PRIMARY KEY, v text);
+         CREATE PUBLICATION pub FOR TABLE t;",
+    );
+    p.configure("", "");
+    let mut next = 0;
+    for round in 0..4 {
+        let running = p.wb.start();
+        for _ in 0..20 {
+            p.publisher.psql(&format!(
+                "INSERT INTO t SELECT g, 'v' || g FROM generate_series({}, {}) g",
+                next + 1,
+                next + 50
+            ));
+            next += 50;
+        }
+        std::thread::sleep(Duration::from_millis(200 * round));
+        running.kill();
+    }
+    let running = p.wb.start();
+    let messages = p.read(&["src.public.t"], next);
+    running.stop(WAIT);
+    // Every row arrived; a row seen more than once was re-sent whole
+    // after a crash (same LSN, same row), never changed or reordered.
+    let mut seen: BTreeMap<i64, &Consumed> = BTreeMap::new();
+    let mut duplicates = 0;
+    for m in &messages {
+        let id = m.key["id"].as_i64().unwrap_or(-1);
+        match seen.get(&id) {
+            Some(first) => {
+                duplicates += 1;
+                assert_eq!(first.value["after"], m.value["after"]);
+                assert_eq!(first.value["source"]["lsn"], m.value["source"]["lsn"]);
+                assert_eq!(first.headers["walbridge.lsn"], m.headers["walbridge.lsn"]);
+            }
+            None => {
+                seen.insert(id, m);
+            }
+        }
+    }
+    assert_eq!(seen.len(), next);
+    assert_eq!(seen.keys().next(), Some(&1));
+    assert_eq!(seen.keys().last(), Some(&(next as i64)));
+    eprintln!(
+        "{} messages, {duplicates} re-sent after crashes",
+        messages.len()
+    );
+}
+
+#[test]
+fn an_unreachable_broker_holds_only_this_sink_back() {
+    let publisher = Cluster::start();
+    publisher.psql(
+        "CREATE TABLE t (id int PRIMARY KEY);
+         CREATE PUBLICATION pub FOR TABLE t;",
+    );
+    let port = walbridge_tests::free_port();
+    let wb = Deployment::new();
+    wb.configure_sinks(
+        &publisher.superuser(),
+        &["pub"],
+        "",
+        &format!(
+            "[[sink]]\nname = \"events\"\ntype = \"kafka\"\nbrokers = \"127.0.0.1:{port}\"\n\n[[sink]]\nname = \"out\"\ntype = \"jsonl\"\npath = \"{}\"\n",
+            wb.output_path().display()
+        ),
+    );
+    let _running = wb.start();
+    publisher.psql("INSERT INTO t SELECT generate_series(1, 100)");
+    // The jsonl sink goes on while the kafka sink cannot reach its broker.
+    wb.wait_for_lines(100, WAIT);
+    wait_for_log(&wb, "cannot reach the Kafka brokers");
+    let broker = Broker::start_on(port);
+    publisher.psql("INSERT INTO t SELECT generate_series(101, 150)");
+    let messages = consume(
+        &broker,
+        &ConsumeOptions {
+            topics: &["src.public.t"],
+            format: "json",
+            expect: 150,
+            timeout: WAIT,
+        },
+    );
+    let ids: BTreeSet<i64> = messages
+        .iter()
+        .filter_map(|m| m.value["after"]["id"].as_i64())
+        .collect();
+    assert_eq!(ids, (1..=150).collect());
+}
+
+#[test]
+fn an_oversized_message_stops_the_sink_naming_topic_table_and_key() {
+    let p = Pipeline::new(
+        "CREATE TABLE docs (id int PRIMARY KEY, body text);
+         CREATE PUBLICATION pub FOR TABLE docs;",
+    );
+    p.configure(
+        "[sink.kafka_properties]\n\"message.max.bytes\" = \"10000\"\n",
+        &format!(
+            "[[sink]]\nname = \"out\"\ntype = \"jsonl\"\npath = \"{}\"\n",
+            p.wb.output_path().display()
+        ),
+    );
+    let _running = p.wb.start();
+    p.publisher.psql("INSERT INTO docs VALUES (1, 'small')");
+    p.read(&["src.public.docs"], 1);
+    p.publisher
+        .psql("INSERT INTO docs VALUES (7, repeat('x', 20000))");
+    p.publisher.psql("INSERT INTO docs VALUES (8, 'after')");
+    let log = wait_for_log(&p.wb, "the sink stopped");
+    assert!(
+        log.contains("topic `src.public.docs` (table public.docs, key {\"id\":7})"),
+        "{log}"
+    );
+    // The other sink goes on.
+    let lines = p.wb.wait_for_lines(3, WAIT);
+    assert_eq!(lines[2]["after"]["id"], 8);
+    // Nothing after the refused message was sent.
+    let messages = p.read(&["src.public.docs"], 1);
+    assert_eq!(messages.len(), 1);
+}
