@@ -10,19 +10,49 @@ messages arrived and no more came for `--settle` seconds, or at
 """
 
 import argparse
+import base64
+import datetime
+import decimal
 import json
 import sys
 import time
+import uuid
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 
-def decode(data, fmt):
-    if data is None:
-        return None
+def plain(value):
+    """Deserialized Avro as JSON: logical types as their ISO/decimal text,
+    bytes as base64."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, (decimal.Decimal, uuid.UUID)):
+        return str(value)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    return value
+
+
+def decoder(fmt, registry, field):
     if fmt == "json":
-        return json.loads(data)
-    return data.hex()
+        return lambda data, message: None if data is None else json.loads(data)
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    deserializer = AvroDeserializer(SchemaRegistryClient({"url": registry}))
+
+    def decode(data, message):
+        if data is None:
+            return None
+        context = SerializationContext(message.topic(), field)
+        return plain(deserializer(data, context))
+
+    return decode
 
 
 def main():
@@ -34,6 +64,7 @@ def main():
     parser.add_argument("--timeout", type=float, default=60)
     parser.add_argument("--settle", type=float, default=1.0)
     parser.add_argument("--isolation", default="read_uncommitted")
+    parser.add_argument("--registry")
     args = parser.parse_args()
 
     consumer = Consumer(
@@ -58,6 +89,10 @@ def main():
         partitions += [TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.partitions]
     consumer.assign(partitions)
 
+    from confluent_kafka.serialization import MessageField
+
+    key_of = decoder(args.format, args.registry, MessageField.KEY)
+    value_of = decoder(args.format, args.registry, MessageField.VALUE)
     messages = []
     last = time.monotonic()
     while time.monotonic() < deadline:
@@ -78,13 +113,19 @@ def main():
                 "topic": message.topic(),
                 "partition": message.partition(),
                 "offset": message.offset(),
-                "key": decode(message.key(), args.format),
-                "value": decode(message.value(), args.format),
+                "key": key_of(message.key(), message),
+                "value": value_of(message.value(), message),
                 "headers": {k: v.decode() for k, v in (message.headers() or [])},
             }
         )
     consumer.close()
-    json.dump({"messages": messages}, sys.stdout)
+    result = {"messages": messages}
+    if args.registry:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        client = SchemaRegistryClient({"url": args.registry})
+        result["subjects"] = {s: client.get_versions(s) for s in client.get_subjects()}
+    json.dump(result, sys.stdout)
 
 
 if __name__ == "__main__":

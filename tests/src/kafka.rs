@@ -174,12 +174,28 @@ pub struct ConsumeOptions<'a> {
     pub expect: usize,
     /// Give up after this long.
     pub timeout: Duration,
+    /// The schema registry (Avro), whose subjects are listed too.
+    pub registry: Option<&'a str>,
+}
+
+/// What [`consume`] read.
+#[derive(Clone, Debug)]
+pub struct ConsumeResult {
+    /// The messages, each partition's in offset order.
+    pub messages: Vec<Consumed>,
+    /// With a registry: every subject and its versions.
+    pub subjects: Value,
 }
 
 /// Reads `options.topics` on `broker` with Python's confluent-kafka.
 /// Panics with the consumer's error output if it fails, or if fewer than
 /// `expect` messages arrived in time.
 pub fn consume(broker: &Broker, options: &ConsumeOptions<'_>) -> Vec<Consumed> {
+    consume_with_registry(broker, options).messages
+}
+
+/// As [`consume`], with the registry's subjects.
+pub fn consume_with_registry(broker: &Broker, options: &ConsumeOptions<'_>) -> ConsumeResult {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("kafka/consume.py");
     let mut command = Command::new(python());
     command
@@ -189,6 +205,9 @@ pub fn consume(broker: &Broker, options: &ConsumeOptions<'_>) -> Vec<Consumed> {
         .args(["--timeout", &options.timeout.as_secs_f64().to_string()]);
     for topic in options.topics {
         command.args(["--topic", topic]);
+    }
+    if let Some(registry) = options.registry {
+        command.args(["--registry", registry]);
     }
     let output = command
         .stdin(Stdio::null())
@@ -229,5 +248,8 @@ pub fn consume(broker: &Broker, options: &ConsumeOptions<'_>) -> Vec<Consumed> {
         options.topics,
         messages.len()
     );
-    messages
+    ConsumeResult {
+        messages,
+        subjects: document["subjects"].clone(),
+    }
 }

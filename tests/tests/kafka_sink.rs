@@ -51,6 +51,7 @@ impl Pipeline {
                 format: "json",
                 expect,
                 timeout: WAIT,
+                registry: None,
             },
         )
     }
@@ -220,6 +221,7 @@ fn connect_schemas_transaction_metadata_and_messages() {
     let p = Pipeline::new(
         "CREATE TABLE a (id int PRIMARY KEY, v text, t timestamptz, j json, tags text[]);
          CREATE TABLE b (id bigint PRIMARY KEY, n numeric);
+         INSERT INTO b VALUES (0, 0);
          CREATE PUBLICATION pub FOR TABLE a, b;",
     );
     p.configure(
@@ -227,8 +229,7 @@ fn connect_schemas_transaction_metadata_and_messages() {
         "",
     );
     let _running = p.wb.start();
-    // The sink is running once its topics can be created: wait for an event.
-    p.publisher.psql("INSERT INTO b VALUES (0, 0)");
+    // Streaming has started once the initial copy is out.
     p.read(&["cdc.b"], 1);
     p.publisher.psql(
         "SET timezone = 'UTC';
@@ -287,8 +288,8 @@ fn connect_schemas_transaction_metadata_and_messages() {
     let id = transaction["id"].as_str().unwrap_or_default().to_owned();
     assert!(id.starts_with(&format!("{}:", payload["source"]["txId"])));
 
-    // b: the first insert (own transaction), then two inserts and a delete
-    // (no tombstone with `tombstones = false`).
+    // b: the copied row, then two inserts and a delete (no tombstone with
+    // `tombstones = false`).
     let b = p.read(&["cdc.b"], 4);
     let b_keys = by_key(&b);
     let b_events = |id: i64| -> Vec<&Value> {
@@ -298,7 +299,7 @@ fn connect_schemas_transaction_metadata_and_messages() {
             .collect()
     };
     let ops_of = |id: i64| -> Vec<Value> { b_events(id).iter().map(|p| p["op"].clone()).collect() };
-    assert_eq!(ops_of(0), ["c"]);
+    assert_eq!(ops_of(0), ["r"]);
     assert_eq!(ops_of(1), ["c"]);
     assert_eq!(ops_of(2), ["c", "d"]);
     assert_eq!(b_events(1)[0]["after"]["n"], "12.5");
@@ -423,6 +424,7 @@ fn an_unreachable_broker_holds_only_this_sink_back() {
             format: "json",
             expect: 150,
             timeout: WAIT,
+            registry: None,
         },
     );
     let ids: BTreeSet<i64> = messages
@@ -462,4 +464,89 @@ fn an_oversized_message_stops_the_sink_naming_topic_table_and_key() {
     // Nothing after the refused message was sent.
     let messages = p.read(&["src.public.docs"], 1);
     assert_eq!(messages.len(), 1);
+}
+
+#[test]
+fn avro_events_through_the_embedded_registry() {
+    let p = Pipeline::new(
+        "CREATE TYPE mood AS ENUM ('sad', 'happy');
+         CREATE TABLE kinds (
+             id int8 PRIMARY KEY, small int2, flag bool, price numeric(12,3), ratio float8,
+             label text, raw bytea, day date, at_time time, at timestamp, at_tz timestamptz,
+             uid uuid, doc jsonb, tags text[], nums int4[], feeling mood, free numeric
+         );
+         INSERT INTO kinds VALUES (1, -7, true, 1234.5, 0.25, 'é', '\\x00ff', '2024-05-06', '07:08:09.5',
+             '2024-05-06 07:08:09.123456', '2024-05-06 07:08:09.123456+02', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11',
+             '{\"k\": [1, 2]}', '{a,NULL,\"b c\"}', '{1,2}', 'happy', 'NaN');
+         CREATE PUBLICATION pub FOR TABLE kinds;",
+    );
+    let registry_port = walbridge_tests::free_port();
+    let registry = format!("http://127.0.0.1:{registry_port}");
+    p.wb.configure_sinks(
+        &p.publisher.superuser(),
+        &["pub"],
+        "",
+        &format!(
+            "[schema_registry]\nlisten = \"127.0.0.1:{registry_port}\"\n\n[[sink]]\nname = \"events\"\ntype = \"kafka\"\nbrokers = \"{}\"\nformat = \"avro\"\n",
+            p.broker.bootstrap()
+        ),
+    );
+    let running = p.wb.start();
+    let topic = "src.public.kinds";
+    let read = |expect: usize| {
+        walbridge_tests::kafka::consume_with_registry(
+            &p.broker,
+            &ConsumeOptions {
+                topics: &[topic],
+                format: "avro",
+                expect,
+                timeout: WAIT,
+                registry: Some(&registry),
+            },
+        )
+    };
+    let first = read(1);
+    let snapshot = &first.messages[0];
+    assert_eq!(snapshot.key, json!({"id": 1}));
+    assert_eq!(snapshot.value["op"], "r");
+    assert_eq!(snapshot.value["source"]["snapshot"], "true");
+    assert_eq!(
+        snapshot.value["after"],
+        json!({
+            "id": 1, "small": -7, "flag": true, "price": "1234.500", "ratio": 0.25,
+            "label": "é", "raw": "AP8=", "day": "2024-05-06", "at_time": "07:08:09.500000",
+            "at": "2024-05-06T07:08:09.123456", "at_tz": "2024-05-06T05:08:09.123456+00:00",
+            "uid": "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "doc": "{\"k\": [1, 2]}",
+            "tags": ["a", null, "b c"], "nums": [1, 2], "feeling": "happy", "free": "NaN"
+        })
+    );
+
+    // A column added on the publisher: a new, backward-compatible version.
+    p.publisher.psql(
+        "ALTER TABLE kinds ADD COLUMN note text;
+         INSERT INTO kinds (id, note) VALUES (2, 'new');
+         UPDATE kinds SET label = 'changed' WHERE id = 1;
+         DELETE FROM kinds WHERE id = 2;",
+    );
+    let all = read(1 + 4);
+    let ops: Vec<&Value> = all.messages.iter().map(|m| &m.value["op"]).collect();
+    let keys = by_key(&all.messages);
+    assert_eq!(ops.len(), 5, "{:#?}", all.messages);
+    let second = &keys[&json!({"id": 2}).to_string()];
+    assert_eq!(second[0].value["after"]["note"], "new");
+    assert_eq!(second[0].value["after"]["small"], Value::Null);
+    assert_eq!(second[1].value["op"], "d");
+    assert_eq!(second[2].value, Value::Null, "tombstone");
+    let updated = &keys[&json!({"id": 1}).to_string()][1];
+    assert_eq!(updated.value["after"]["label"], "changed");
+    assert_eq!(updated.value["after"]["note"], Value::Null);
+    assert_eq!(all.subjects[format!("{topic}-value")], json!([1, 2]));
+    assert_eq!(all.subjects[format!("{topic}-key")], json!([1]));
+
+    // The registry is kept in data_dir: after a restart the ids stay.
+    running.stop(WAIT);
+    let _running = p.wb.start();
+    p.publisher.psql("INSERT INTO kinds (id) VALUES (3)");
+    let again = read(6);
+    assert_eq!(again.subjects[format!("{topic}-value")], json!([1, 2]));
 }

@@ -20,6 +20,65 @@ pub enum Format {
     Protobuf,
 }
 
+/// How the subjects schemas are registered under are named.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SubjectNameStrategy {
+    /// `<topic>-key` and `<topic>-value` (Confluent's TopicNameStrategy).
+    #[default]
+    Topic,
+    /// The record's full name (RecordNameStrategy).
+    Record,
+    /// `<topic>-<record full name>` (TopicRecordNameStrategy).
+    TopicRecord,
+}
+
+/// Where the sink registers its schemas.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchemaRegistryConfig {
+    /// The registry's base URL, `http://…` or `https://…`.
+    pub url: String,
+    /// Basic-auth user.
+    #[serde(default)]
+    pub username: Option<String>,
+    /// Basic-auth password.
+    #[serde(default)]
+    pub password: Option<String>,
+    /// A PEM file of CA certificates trusted besides the system's.
+    #[serde(default)]
+    pub ca_cert: Option<std::path::PathBuf>,
+    /// How subjects are named.
+    #[serde(default)]
+    pub subject_name_strategy: SubjectNameStrategy,
+}
+
+/// `schema_registry = "http://…"` or a table with the details.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum SchemaRegistrySetting {
+    /// Just the URL.
+    Url(String),
+    /// URL, credentials, trust, subject names.
+    Full(SchemaRegistryConfig),
+}
+
+impl SchemaRegistrySetting {
+    /// The setting in full.
+    pub fn config(&self) -> SchemaRegistryConfig {
+        match self {
+            SchemaRegistrySetting::Url(url) => SchemaRegistryConfig {
+                url: url.clone(),
+                username: None,
+                password: None,
+                ca_cert: None,
+                subject_name_strategy: SubjectNameStrategy::default(),
+            },
+            SchemaRegistrySetting::Full(config) => config.clone(),
+        }
+    }
+}
+
 fn default_brokers() -> String {
     "localhost:9092".to_owned()
 }
@@ -128,6 +187,11 @@ pub struct KafkaSinkConfig {
     /// How topics are created.
     #[serde(default)]
     pub topic_creation: TopicCreation,
+    /// The schema registry Avro and Protobuf schemas are registered in;
+    /// without it, the registry walbridge itself serves
+    /// (`[schema_registry] listen`).
+    #[serde(default)]
+    pub schema_registry: Option<SchemaRegistrySetting>,
     /// librdkafka properties passed through as they are (security, SASL,
     /// compression, batching, …); they override walbridge's defaults.
     #[serde(default)]
@@ -174,12 +238,27 @@ impl KafkaSinkConfig {
                 at("json_schemas")
             ));
         }
-        if self.format != Format::Json {
+        if self.format == Format::Protobuf {
             problems.push(format!(
-                "{}: {:?} is not available yet in this build; use \"json\"",
+                "{}: \"protobuf\" is not available yet in this build; use \"json\" or \"avro\"",
                 at("format"),
-                self.format
             ));
+        }
+        if self.format != Format::Json && self.schema_registry.is_none() {
+            problems.push(format!(
+                "{}: format = \"{}\" needs a schema registry: set it to the registry's URL, or serve one with [schema_registry] listen = \"127.0.0.1:8081\"",
+                at("schema_registry"),
+                if self.format == Format::Avro { "avro" } else { "protobuf" }
+            ));
+        }
+        if let Some(registry) = &self.schema_registry {
+            let url = registry.config().url;
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                problems.push(format!(
+                    "{}: `{url}` is not an http:// or https:// URL",
+                    at("schema_registry")
+                ));
+            }
         }
         for (table, columns) in &self.key_columns {
             if !table.contains('.') {

@@ -61,8 +61,11 @@ pub enum SinkError {
         /// What is wrong.
         reason: String,
     },
+    /// A schema could not be registered.
+    #[error(transparent)]
+    Registry(#[from] crate::registry::RegistryError),
     /// The sink's cursor could not be read or stored.
-    #[error("{0}")]
+    #[error(transparent)]
     Cursor(#[from] walbridge_log::LogError),
 }
 
@@ -73,6 +76,7 @@ impl SinkError {
         match self {
             SinkError::Config(_) | SinkError::Client { .. } | SinkError::Encode { .. } => true,
             SinkError::Unreachable { .. } | SinkError::Cursor(_) => false,
+            SinkError::Registry(e) => e.is_permanent(),
             SinkError::TopicCreation { code, .. } | SinkError::Delivery { code, .. } => {
                 code.is_some_and(is_permanent_code)
             }

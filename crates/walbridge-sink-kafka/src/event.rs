@@ -245,7 +245,7 @@ impl Emitter {
     }
 
     /// The messages of a batch of snapshot rows.
-    pub fn snapshot(
+    pub async fn snapshot(
         &mut self,
         from: SourceRef<'_>,
         batch: &SnapshotBatch,
@@ -278,12 +278,12 @@ impl Emitter {
                 },
                 transaction: None,
             };
-            let key = keys
-                .as_ref()
-                .map(|k| self.encoder.key(&topic, relation, k, &row))
-                .transpose()?;
+            let key = match &keys {
+                Some(k) => Some(self.encoder.key(&topic, relation, k, &row).await?),
+                None => None,
+            };
             out.push(Outgoing {
-                value: Some(self.encoder.change(&topic, &event)?),
+                value: Some(self.encoder.change(&topic, &event).await?),
                 topic: topic.clone(),
                 table: table_name(relation),
                 key,
@@ -295,13 +295,13 @@ impl Emitter {
     }
 
     /// A source transaction begins.
-    pub fn begin(
+    pub async fn begin(
         &mut self,
         from: SourceRef<'_>,
         info: Arc<TransactionInfo>,
         out: &mut Vec<Outgoing>,
     ) -> Result<(), SinkError> {
-        if let Some(topic) = &self.transaction_topic {
+        if let Some(topic) = self.transaction_topic.clone() {
             let id = transaction_id(&info);
             let record = TransactionRecord {
                 status: TransactionStatus::Begin,
@@ -310,7 +310,10 @@ impl Emitter {
                 data_collections: None,
                 ts_ms: info.commit_time.unix_micros().div_euclid(1000),
             };
-            out.push(self.transaction_message(topic, from, &info, &record)?);
+            out.push(
+                self.transaction_message(&topic, from, &info, &record)
+                    .await?,
+            );
         }
         let state = self.sources.entry(from.source.to_owned()).or_default();
         state.transaction = Some(info);
@@ -320,7 +323,7 @@ impl Emitter {
     }
 
     /// A source transaction commits.
-    pub fn commit(
+    pub async fn commit(
         &mut self,
         from: SourceRef<'_>,
         out: &mut Vec<Outgoing>,
@@ -331,23 +334,27 @@ impl Emitter {
         let Some(info) = state.transaction.take() else {
             return Ok(());
         };
-        if let Some(topic) = &self.transaction_topic {
+        let per_table = std::mem::take(&mut state.per_table);
+        let total = state.total;
+        if let Some(topic) = self.transaction_topic.clone() {
             let id = transaction_id(&info);
-            let per_table = std::mem::take(&mut state.per_table);
             let record = TransactionRecord {
                 status: TransactionStatus::End,
                 id: &id,
-                event_count: Some(state.total),
+                event_count: Some(total),
                 data_collections: Some(&per_table),
                 ts_ms: info.commit_time.unix_micros().div_euclid(1000),
             };
-            out.push(self.transaction_message(topic, from, &info, &record)?);
+            out.push(
+                self.transaction_message(&topic, from, &info, &record)
+                    .await?,
+            );
         }
         Ok(())
     }
 
-    fn transaction_message(
-        &self,
+    async fn transaction_message(
+        &mut self,
         topic: &str,
         from: SourceRef<'_>,
         info: &TransactionInfo,
@@ -358,22 +365,23 @@ impl Emitter {
             table: "-".into(),
             key: Some(
                 self.encoder
-                    .transaction_key(topic, from.source, record.id)?,
+                    .transaction_key(topic, from.source, record.id)
+                    .await?,
             ),
-            value: Some(self.encoder.transaction(topic, from.source, record)?),
+            value: Some(self.encoder.transaction(topic, from.source, record).await?),
             lsn: info.commit_lsn,
             xid: Some(info.xid),
         })
     }
 
     /// A logical decoding message, inside a transaction or not.
-    pub fn message(
+    pub async fn message(
         &mut self,
         from: SourceRef<'_>,
         message: &LogicalMessage,
         out: &mut Vec<Outgoing>,
     ) -> Result<(), SinkError> {
-        let Some(topic) = &self.message_topic else {
+        let Some(topic) = self.message_topic.clone() else {
             tracing::debug!(
                 prefix = message.prefix,
                 "logical decoding message not sent: no `message_topic`"
@@ -383,14 +391,14 @@ impl Emitter {
         let transaction = self
             .sources
             .get(from.source)
-            .and_then(|s| s.transaction.as_deref())
+            .and_then(|s| s.transaction.clone())
             .filter(|_| message.transactional);
-        let source = self.source_block(from, None, message.lsn, transaction);
+        let source = self.source_block(from, None, message.lsn, transaction.as_deref());
         out.push(Outgoing {
-            topic: topic.clone(),
             table: "-".into(),
-            key: Some(self.encoder.message_key(topic, &message.prefix)?),
-            value: Some(self.encoder.message(topic, &source, message)?),
+            key: Some(self.encoder.message_key(&topic, &message.prefix).await?),
+            value: Some(self.encoder.message(&topic, &source, message).await?),
+            topic,
             lsn: message.lsn,
             xid: transaction.map(|t| t.xid),
         });
@@ -437,7 +445,7 @@ impl Emitter {
     }
 
     /// The messages of one change.
-    pub fn change(
+    pub async fn change(
         &mut self,
         from: SourceRef<'_>,
         change: &Change,
@@ -524,7 +532,7 @@ impl Emitter {
                         ),
                     };
                     out.push(Outgoing {
-                        value: Some(self.encoder.change(&topic, &event)?),
+                        value: Some(self.encoder.change(&topic, &event).await?),
                         topic,
                         table: table_name(relation),
                         key: None,
@@ -534,16 +542,17 @@ impl Emitter {
                 }
                 return Ok(());
             }
-            Change::Message(message) => return self.message(from, message, out),
+            Change::Message(message) => return self.message(from, message, out).await,
         };
         for row in rows {
-            self.row_event(from, transaction.as_deref(), relation, row, out)?;
+            self.row_event(from, transaction.as_deref(), relation, row, out)
+                .await?;
         }
         Ok(())
     }
 
     /// An insert, update or delete event (a delete with its tombstone).
-    fn row_event(
+    async fn row_event(
         &mut self,
         from: SourceRef<'_>,
         transaction: Option<&TransactionInfo>,
@@ -561,7 +570,7 @@ impl Emitter {
         let keys = self.key_columns(relation)?;
         let key_row = after.as_ref().or(before.as_ref()).map(|image| &image.row);
         let key = match (&keys, key_row) {
-            (Some(keys), Some(row)) => Some(self.encoder.key(&topic, relation, keys, row)?),
+            (Some(keys), Some(row)) => Some(self.encoder.key(&topic, relation, keys, row).await?),
             _ => None,
         };
         let event = ChangeEvent {
@@ -572,7 +581,7 @@ impl Emitter {
             transaction: self.place(from.source, relation),
             source: self.source_block(from, Some(relation), lsn, transaction),
         };
-        let value = self.encoder.change(&topic, &event)?;
+        let value = self.encoder.change(&topic, &event).await?;
         let xid = transaction.map(|t| t.xid);
         let tombstone = op == Op::Delete && self.tombstones && key.is_some();
         out.push(Outgoing {

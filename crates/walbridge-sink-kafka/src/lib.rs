@@ -19,10 +19,14 @@ mod delivery;
 pub mod encode;
 mod error;
 pub mod event;
+pub mod registry;
 mod sink;
 pub mod topic;
 
 pub use client::health_check;
-pub use config::{Format, KafkaSinkConfig, TopicCreation};
+pub use config::{
+    Format, KafkaSinkConfig, SchemaRegistryConfig, SchemaRegistrySetting, SubjectNameStrategy,
+    TopicCreation,
+};
 pub use error::SinkError;
 pub use sink::{COMMIT_INTERVAL, KafkaSink};

@@ -188,16 +188,24 @@ impl Run {
             self.outgoing.clear();
             match event {
                 SourceEvent::Snapshot(batch) => {
-                    self.emitter.snapshot(from, &batch, &mut self.outgoing)?
+                    self.emitter
+                        .snapshot(from, &batch, &mut self.outgoing)
+                        .await?
                 }
                 SourceEvent::SnapshotComplete { .. } => {}
-                SourceEvent::Begin(info) => self.emitter.begin(from, info, &mut self.outgoing)?,
-                SourceEvent::Change(change) => {
-                    self.emitter.change(from, &change, &mut self.outgoing)?
+                SourceEvent::Begin(info) => {
+                    self.emitter.begin(from, info, &mut self.outgoing).await?
                 }
-                SourceEvent::Commit(_) => self.emitter.commit(from, &mut self.outgoing)?,
+                SourceEvent::Change(change) => {
+                    self.emitter
+                        .change(from, &change, &mut self.outgoing)
+                        .await?
+                }
+                SourceEvent::Commit(_) => self.emitter.commit(from, &mut self.outgoing).await?,
                 SourceEvent::Message(message) => {
-                    self.emitter.message(from, &message, &mut self.outgoing)?
+                    self.emitter
+                        .message(from, &message, &mut self.outgoing)
+                        .await?
                 }
             }
             let outgoing = std::mem::take(&mut self.outgoing);

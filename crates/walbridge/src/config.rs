@@ -9,7 +9,7 @@ use serde::Deserialize;
 use walbridge_source::SourceConfig;
 
 use crate::log_config::LogConfig;
-use walbridge_sink_kafka::KafkaSinkConfig;
+use walbridge_sink_kafka::{KafkaSinkConfig, SchemaRegistrySetting};
 use walbridge_sink_postgres::PostgresSinkConfig;
 
 use crate::sink::jsonl::JsonlSinkConfig;
@@ -30,6 +30,30 @@ pub struct Config {
     /// The sinks (`[[sink]]`); without any, changes go to stdout as JSON lines.
     #[serde(rename = "sink", default)]
     pub sinks: Vec<SinkConfig>,
+    /// The schema registry walbridge serves (`[schema_registry]`).
+    #[serde(default)]
+    pub schema_registry: Option<RegistryServerConfig>,
+}
+
+/// `[schema_registry]`: a Confluent-compatible schema registry served by
+/// walbridge, kept in `data_dir`, for deployments without one. Kafka sinks
+/// writing Avro or Protobuf that name no registry of their own use it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryServerConfig {
+    /// Address to listen on, `host:port`.
+    pub listen: std::net::SocketAddr,
+}
+
+impl RegistryServerConfig {
+    /// The URL the registry is reached at from this host.
+    pub fn url(&self) -> String {
+        let mut address = self.listen;
+        if address.ip().is_unspecified() {
+            address.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        format!("http://{address}")
+    }
 }
 
 /// One `[[sink]]`, by `type`.
@@ -82,6 +106,16 @@ impl Config {
             config
                 .sinks
                 .push(SinkConfig::Jsonl(JsonlSinkConfig::stdout()));
+        }
+        if let Some(registry) = &config.schema_registry {
+            let url = registry.url();
+            for sink in &mut config.sinks {
+                if let SinkConfig::Kafka(k) = sink
+                    && k.schema_registry.is_none()
+                {
+                    k.schema_registry = Some(SchemaRegistrySetting::Url(url.clone()));
+                }
+            }
         }
         config.validate()?;
         Ok(config)

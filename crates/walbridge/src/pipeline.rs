@@ -69,6 +69,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let signals = tokio::spawn(wait_for_signal(shutdown_tx.clone()));
     let options = config.log.options();
     let cursor_dir = cursor_dir(&config.data_dir);
+    // Serving before any sink starts: sinks register their schemas here.
+    let _registry = match &config.schema_registry {
+        Some(registry) => Some(serve_registry(registry, &config.data_dir).await?),
+        None => None,
+    };
 
     let mut runs = Vec::new();
     for source_config in &config.sources {
@@ -355,6 +360,38 @@ async fn track_acks(
         if changed.is_err() {
             return;
         }
+    }
+}
+
+/// Starts the embedded schema registry; it serves until the returned
+/// guard is dropped.
+async fn serve_registry(
+    registry: &crate::config::RegistryServerConfig,
+    data_dir: &Path,
+) -> anyhow::Result<AbortOnDrop> {
+    let listener = tokio::net::TcpListener::bind(registry.listen)
+        .await
+        .with_context(|| format!("[schema_registry] cannot listen on {}", registry.listen))?;
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create {}", data_dir.display()))?;
+    let path = data_dir.join("schema-registry.json");
+    let router = walbridge_sink_kafka::registry::server::router(&path)
+        .context("[schema_registry] cannot load its schemas")?;
+    tracing::info!(listen = %registry.listen, "schema registry serving");
+    let task = tokio::spawn(async move {
+        if let Err(e) = walbridge_sink_kafka::registry::server::serve(listener, router).await {
+            tracing::error!("the schema registry stopped: {e}");
+        }
+    });
+    Ok(AbortOnDrop(task))
+}
+
+/// Aborts a background task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

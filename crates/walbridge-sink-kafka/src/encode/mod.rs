@@ -1,6 +1,8 @@
 //! Encoders: events to message keys and values in the configured format.
 
+pub mod avro;
 pub mod json;
+mod temporal;
 
 use walbridge_core::{LogicalMessage, Relation, Row};
 
@@ -12,25 +14,45 @@ use crate::event::{ChangeEvent, KeyColumns, SourceBlock, TransactionRecord};
 pub enum Encoder {
     /// `format = "json"`.
     Json(json::JsonEncoder),
+    /// `format = "avro"`.
+    Avro(Box<avro::AvroEncoder>),
 }
 
 impl Encoder {
     /// The encoder `config` asks for.
     pub fn new(config: &KafkaSinkConfig) -> Result<Self, SinkError> {
+        let with_transaction = config.transaction_topic.is_some();
         match config.format {
             Format::Json => Ok(Encoder::Json(json::JsonEncoder::new(
                 &config.unchanged_toast_placeholder,
                 config.json_schemas,
-                config.transaction_topic.is_some(),
+                with_transaction,
             ))),
-            other => Err(SinkError::Config(format!(
-                "`format` = {other:?} is not available in this build; use \"json\""
-            ))),
+            Format::Avro => {
+                let registry = config
+                    .schema_registry
+                    .as_ref()
+                    .map(|r| r.config())
+                    .ok_or_else(|| {
+                        SinkError::Config(
+                            "format = \"avro\" needs a schema registry: set `schema_registry` on the sink, or serve one with [schema_registry] listen".into(),
+                        )
+                    })?;
+                Ok(Encoder::Avro(Box::new(avro::AvroEncoder::new(
+                    &registry,
+                    &config.unchanged_toast_placeholder,
+                    with_transaction,
+                )?)))
+            }
+            Format::Protobuf => Err(SinkError::Config(
+                "`format` = \"protobuf\" is not available in this build; use \"json\" or \"avro\""
+                    .into(),
+            )),
         }
     }
 
     /// The key of a row of `relation` on `topic`.
-    pub fn key(
+    pub async fn key(
         &mut self,
         topic: &str,
         relation: &Relation,
@@ -39,56 +61,66 @@ impl Encoder {
     ) -> Result<Vec<u8>, SinkError> {
         match self {
             Encoder::Json(e) => Ok(e.key(topic, relation, keys, row)),
+            Encoder::Avro(e) => e.key(topic, relation, keys, row).await,
         }
     }
 
     /// The value of a change event on `topic`.
-    pub fn change(&mut self, topic: &str, event: &ChangeEvent<'_>) -> Result<Vec<u8>, SinkError> {
+    pub async fn change(
+        &mut self,
+        topic: &str,
+        event: &ChangeEvent<'_>,
+    ) -> Result<Vec<u8>, SinkError> {
         match self {
             Encoder::Json(e) => Ok(e.change(topic, event)),
+            Encoder::Avro(e) => e.change(topic, event).await,
         }
     }
 
     /// The key of a transaction-metadata record.
-    pub fn transaction_key(
-        &self,
+    pub async fn transaction_key(
+        &mut self,
         topic: &str,
         source: &str,
         id: &str,
     ) -> Result<Vec<u8>, SinkError> {
         match self {
             Encoder::Json(e) => Ok(e.transaction_key(topic, source, id)),
+            Encoder::Avro(e) => e.transaction_key(topic, source, id).await,
         }
     }
 
     /// A transaction-metadata record.
-    pub fn transaction(
-        &self,
+    pub async fn transaction(
+        &mut self,
         topic: &str,
         source: &str,
         record: &TransactionRecord<'_>,
     ) -> Result<Vec<u8>, SinkError> {
         match self {
             Encoder::Json(e) => Ok(e.transaction(topic, source, record)),
+            Encoder::Avro(e) => e.transaction(topic, source, record).await,
         }
     }
 
     /// The key of a logical decoding message.
-    pub fn message_key(&self, topic: &str, prefix: &str) -> Result<Vec<u8>, SinkError> {
+    pub async fn message_key(&mut self, topic: &str, prefix: &str) -> Result<Vec<u8>, SinkError> {
         match self {
             Encoder::Json(e) => Ok(e.message_key(topic, prefix)),
+            Encoder::Avro(e) => e.message_key(topic, prefix).await,
         }
     }
 
     /// A logical decoding message event.
-    pub fn message(
-        &self,
+    pub async fn message(
+        &mut self,
         topic: &str,
         source: &SourceBlock<'_>,
         message: &LogicalMessage,
     ) -> Result<Vec<u8>, SinkError> {
         match self {
             Encoder::Json(e) => Ok(e.message(topic, source, message)),
+            Encoder::Avro(e) => e.message(topic, source, message).await,
         }
     }
 }

@@ -33,7 +33,7 @@ pub enum Sink {
     /// Apply into PostgreSQL.
     Postgres(walbridge_sink_postgres::PostgresSink),
     /// Change events to Kafka.
-    Kafka(walbridge_sink_kafka::KafkaSink),
+    Kafka(Box<walbridge_sink_kafka::KafkaSink>),
 }
 
 impl Sink {
@@ -55,7 +55,7 @@ impl Sink {
             }
             crate::config::SinkConfig::Kafka(c) => {
                 walbridge_sink_kafka::KafkaSink::open(c.clone(), cursor_dir)
-                    .map(Sink::Kafka)
+                    .map(|s| Sink::Kafka(Box::new(s)))
                     .with_context(|| format!("sink `{}`", c.name))
             }
         }

@@ -1,0 +1,106 @@
+//! A client for a Confluent-compatible schema registry: registers the
+//! sink's schemas and remembers their ids.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{RegistryError, SchemaType};
+use crate::config::SchemaRegistryConfig;
+
+/// How long one request to the registry may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Registers schemas, each once per subject.
+pub struct RegistryClient {
+    http: reqwest::Client,
+    base: String,
+    credentials: Option<(String, Option<String>)>,
+    ids: HashMap<(String, String), i32>,
+}
+
+#[derive(Deserialize)]
+struct Registered {
+    id: i32,
+}
+
+impl RegistryClient {
+    /// A client for the registry `config` describes.
+    pub fn new(config: &SchemaRegistryConfig) -> Result<Self, RegistryError> {
+        let remote = |reason: String| RegistryError::Remote {
+            url: config.url.clone(),
+            reason,
+            status: None,
+        };
+        // rustls needs a process-wide provider; an earlier install wins.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut builder = reqwest::Client::builder().timeout(REQUEST_TIMEOUT);
+        if let Some(ca) = &config.ca_cert {
+            let pem = std::fs::read(ca)
+                .map_err(|e| remote(format!("cannot read `ca_cert` {}: {e}", ca.display())))?;
+            let certificates = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| remote(format!("`ca_cert` {}: {e}", ca.display())))?;
+            builder = builder.tls_certs_merge(certificates);
+        }
+        let http = builder
+            .build()
+            .map_err(|e| remote(format!("cannot set up the HTTP client: {e}")))?;
+        Ok(RegistryClient {
+            http,
+            base: config.url.trim_end_matches('/').to_owned(),
+            credentials: config
+                .username
+                .clone()
+                .map(|user| (user, config.password.clone())),
+            ids: HashMap::new(),
+        })
+    }
+
+    /// The id of `schema` under `subject`, registering it the first time
+    /// (the registry answers with the existing id when it has it).
+    pub async fn register(
+        &mut self,
+        subject: &str,
+        schema: &str,
+        schema_type: SchemaType,
+    ) -> Result<i32, RegistryError> {
+        let cache_key = (subject.to_owned(), schema.to_owned());
+        if let Some(id) = self.ids.get(&cache_key) {
+            return Ok(*id);
+        }
+        let url = format!("{}/subjects/{subject}/versions", self.base);
+        let remote = |reason: String| RegistryError::Remote {
+            url: url.clone(),
+            reason,
+            status: None,
+        };
+        let mut body = json!({"schema": schema});
+        if schema_type != SchemaType::Avro {
+            body["schemaType"] = json!(schema_type);
+        }
+        let mut request = self
+            .http
+            .post(&url)
+            .header("Content-Type", "application/vnd.schemaregistry.v1+json")
+            .body(body.to_string());
+        if let Some((user, password)) = &self.credentials {
+            request = request.basic_auth(user, password.as_ref());
+        }
+        let response = request.send().await.map_err(|e| remote(e.to_string()))?;
+        let status = response.status();
+        let text = response.text().await.map_err(|e| remote(e.to_string()))?;
+        if !status.is_success() {
+            return Err(RegistryError::Remote {
+                url: url.clone(),
+                reason: format!("registering under subject `{subject}` answered {status}: {text}"),
+                status: Some(status.as_u16()),
+            });
+        }
+        let registered: Registered = serde_json::from_str(&text)
+            .map_err(|e| remote(format!("unexpected answer ({e}): {text}")))?;
+        self.ids.insert(cache_key, registered.id);
+        Ok(registered.id)
+    }
+}

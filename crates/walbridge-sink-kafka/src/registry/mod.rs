@@ -1,0 +1,287 @@
+//! Schema registry: the client the sink registers its schemas with, and an
+//! embedded registry speaking the Confluent REST API, for deployments
+//! without one.
+
+pub mod client;
+pub mod server;
+pub mod store;
+
+use std::path::PathBuf;
+
+use apache_avro::Schema;
+use apache_avro::schema_compatibility::SchemaCompatibility;
+use serde::{Deserialize, Serialize};
+
+use store::StoredSchema;
+
+/// The kinds of schema the registry holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum SchemaType {
+    /// Apache Avro (the default when a request names none).
+    #[default]
+    Avro,
+    /// Protocol Buffers.
+    Protobuf,
+    /// JSON Schema.
+    Json,
+}
+
+/// Compatibility levels, as Confluent's registry names them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Compatibility {
+    /// No check.
+    None,
+    /// A new schema can read data written with the latest one.
+    #[default]
+    Backward,
+    /// … with every earlier one.
+    BackwardTransitive,
+    /// The latest schema can read data written with the new one.
+    Forward,
+    /// … every earlier one can.
+    ForwardTransitive,
+    /// Both directions with the latest.
+    Full,
+    /// Both directions with every earlier one.
+    FullTransitive,
+}
+
+/// A registry request that cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// No such subject.
+    #[error("Subject '{0}' not found.")]
+    SubjectNotFound(String),
+    /// No such version.
+    #[error("Version {version} not found for subject '{subject}'.")]
+    VersionNotFound {
+        /// The subject.
+        subject: String,
+        /// The version asked for (-1: the latest).
+        version: i32,
+    },
+    /// No schema with that id.
+    #[error("Schema {0} not found")]
+    SchemaNotFound(i32),
+    /// The schema is not registered under the subject.
+    #[error("Schema not found")]
+    SchemaNotRegistered,
+    /// The schema does not parse.
+    #[error("Invalid schema: {0}")]
+    InvalidSchema(String),
+    /// The schema breaks the subject's compatibility level.
+    #[error("Schema being registered is incompatible with an earlier schema for subject: {0}")]
+    Incompatible(String),
+    /// The registry's file cannot be read or written.
+    #[error("schema registry storage {path}: {reason}")]
+    Storage {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// An external registry refused or failed a request.
+    #[error("schema registry {url}: {reason}")]
+    Remote {
+        /// The request's URL.
+        url: String,
+        /// What went wrong.
+        reason: String,
+        /// The HTTP status, when the registry answered.
+        status: Option<u16>,
+    },
+}
+
+impl RegistryError {
+    /// True when asking again cannot help: the registry refused the
+    /// schema or the request (not a connection failure or a server error).
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            RegistryError::Remote { status, .. } => {
+                status.is_some_and(|s| (400..500).contains(&s) && s != 408 && s != 429)
+            }
+            RegistryError::Storage { .. } => false,
+            _ => true,
+        }
+    }
+
+    /// Confluent's HTTP status and error code for the error.
+    pub fn codes(&self) -> (u16, u32) {
+        match self {
+            RegistryError::SubjectNotFound(_) => (404, 40401),
+            RegistryError::VersionNotFound { .. } => (404, 40402),
+            RegistryError::SchemaNotFound(_) => (404, 40403),
+            RegistryError::SchemaNotRegistered => (404, 40403),
+            RegistryError::InvalidSchema(_) => (422, 42201),
+            RegistryError::Incompatible(_) => (409, 409),
+            RegistryError::Storage { .. } | RegistryError::Remote { .. } => (500, 50001),
+        }
+    }
+}
+
+/// The form two schemas are compared in: Avro's parsing canonical form,
+/// other types' text without surrounding space.
+pub fn normalize(schema: &StoredSchema) -> Result<String, RegistryError> {
+    match schema.schema_type {
+        SchemaType::Avro => parse_avro(&schema.schema).map(|s| s.canonical_form()),
+        SchemaType::Protobuf | SchemaType::Json => Ok(schema.schema.trim().to_owned()),
+    }
+}
+
+fn parse_avro(text: &str) -> Result<Schema, RegistryError> {
+    Schema::parse_str(text).map_err(|e| RegistryError::InvalidSchema(e.to_string()))
+}
+
+/// The schema as Avro's schema resolution sees it: logical types are
+/// annotations on their underlying types, which alone decide whether data
+/// can be read (as in the Java implementation Confluent's registry uses;
+/// apache-avro's own check does not know `decimal`).
+fn parse_for_resolution(text: &str) -> Result<Schema, RegistryError> {
+    fn strip(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::Object(map) => {
+                if map.remove("logicalType").is_some() {
+                    map.remove("precision");
+                    map.remove("scale");
+                }
+                map.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let mut json: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| RegistryError::InvalidSchema(e.to_string()))?;
+    strip(&mut json);
+    Schema::parse(&json).map_err(|e| RegistryError::InvalidSchema(e.to_string()))
+}
+
+/// Checks `new` against the `previous` versions of a subject (oldest
+/// first) at `level`. Avro schemas are checked by schema resolution;
+/// Protobuf and JSON schemas are accepted as they are.
+pub fn check_compatibility(
+    level: Compatibility,
+    new: &StoredSchema,
+    previous: &[&StoredSchema],
+) -> Result<(), RegistryError> {
+    if new.schema_type != SchemaType::Avro {
+        return Ok(());
+    }
+    let reader = parse_for_resolution(&new.schema)?;
+    let against: &[&StoredSchema] = match level {
+        Compatibility::None => return Ok(()),
+        Compatibility::Backward | Compatibility::Forward | Compatibility::Full => {
+            previous.last().map_or(&[], std::slice::from_ref)
+        }
+        Compatibility::BackwardTransitive
+        | Compatibility::ForwardTransitive
+        | Compatibility::FullTransitive => previous,
+    };
+    let backward = matches!(
+        level,
+        Compatibility::Backward
+            | Compatibility::BackwardTransitive
+            | Compatibility::Full
+            | Compatibility::FullTransitive
+    );
+    let forward = matches!(
+        level,
+        Compatibility::Forward
+            | Compatibility::ForwardTransitive
+            | Compatibility::Full
+            | Compatibility::FullTransitive
+    );
+    for old in against {
+        if old.schema_type != SchemaType::Avro {
+            continue;
+        }
+        let old = parse_for_resolution(&old.schema)?;
+        if backward && let Err(e) = SchemaCompatibility::can_read(&old, &reader) {
+            return Err(RegistryError::Incompatible(format!(
+                "the new schema cannot read data written with an earlier one: {e}"
+            )));
+        }
+        if forward && let Err(e) = SchemaCompatibility::can_read(&reader, &old) {
+            return Err(RegistryError::Incompatible(format!(
+                "an earlier schema cannot read data written with the new one: {e}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::store::Store;
+    use super::*;
+
+    fn avro(text: &str) -> StoredSchema {
+        StoredSchema {
+            schema: text.to_owned(),
+            schema_type: SchemaType::Avro,
+            references: Vec::new(),
+        }
+    }
+
+    const V1: &str = r#"{"type":"record","name":"R","fields":[{"name":"id","type":"int"},{"name":"d","type":["null",{"type":"bytes","logicalType":"decimal","precision":9,"scale":2}]}]}"#;
+    const V2: &str = r#"{"type":"record","name":"R","fields":[{"name":"id","type":"int"},{"name":"d","type":["null",{"type":"bytes","logicalType":"decimal","precision":9,"scale":2}]},{"name":"v","type":["null","string"],"default":null}]}"#;
+    const V3_BREAKS: &str = r#"{"type":"record","name":"R","fields":[{"name":"id","type":"int"},{"name":"w","type":"string"}]}"#;
+
+    #[test]
+    fn versions_ids_and_backward_compatibility_persist() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("registry.json");
+        let mut store = Store::open(&path).unwrap_or_else(|e| panic!("{e}"));
+        let first = store
+            .register("t-value", avro(V1))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((first.id, first.version), (1, 1));
+        // The same schema, spelled differently: the same version.
+        let again = store
+            .register("t-value", avro(&V1.replace(':', " : ")))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(again, first);
+        let second = store
+            .register("t-value", avro(V2))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((second.id, second.version), (2, 2));
+        assert!(matches!(
+            store.register("t-value", avro(V3_BREAKS)),
+            Err(RegistryError::Incompatible(_))
+        ));
+        // An identical schema under another subject keeps its id.
+        let other = store
+            .register("u-value", avro(V1))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((other.id, other.version), (1, 1));
+        store
+            .set_compatibility(Some("t-value"), Compatibility::None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let third = store
+            .register("t-value", avro(V3_BREAKS))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(third.version, 3);
+        drop(store);
+        let reopened = Store::open(&path).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(reopened.subjects(), ["t-value", "u-value"]);
+        assert_eq!(reopened.compatibility(Some("t-value")), Compatibility::None);
+        assert_eq!(
+            reopened.compatibility(Some("u-value")),
+            Compatibility::Backward
+        );
+        assert_eq!(
+            reopened.version("t-value", None).map(|v| v.id).ok(),
+            Some(third.id)
+        );
+        assert!(matches!(
+            reopened.version("nope", None),
+            Err(RegistryError::SubjectNotFound(_))
+        ));
+        assert!(matches!(
+            Store::open(&path).and_then(|mut s| s.register("x", avro("{not avro"))),
+            Err(RegistryError::InvalidSchema(_))
+        ));
+    }
+}

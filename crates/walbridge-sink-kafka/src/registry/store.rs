@@ -1,0 +1,274 @@
+//! The embedded schema registry's state: subjects, their versions, schemas
+//! by id, compatibility settings; kept in one JSON file, replaced
+//! atomically on every change.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Compatibility, RegistryError, SchemaType};
+
+/// A schema as stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredSchema {
+    /// The schema text as registered.
+    pub schema: String,
+    /// Its type.
+    #[serde(rename = "schemaType", default)]
+    pub schema_type: SchemaType,
+    /// Schemas it references (Protobuf imports, Avro named types).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub references: Vec<Reference>,
+}
+
+/// A reference from one schema to another registered one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reference {
+    /// The name the referencing schema uses.
+    pub name: String,
+    /// The referenced subject.
+    pub subject: String,
+    /// Its version.
+    pub version: i32,
+}
+
+/// One version of a subject.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Version {
+    /// The version number, from 1.
+    pub version: i32,
+    /// The schema's global id.
+    pub id: i32,
+    /// Soft-deleted versions are skipped by lookups.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleted: bool,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct State {
+    /// Schemas by id.
+    schemas: BTreeMap<i32, StoredSchema>,
+    /// Versions by subject.
+    subjects: BTreeMap<String, Vec<Version>>,
+    /// The global compatibility level.
+    #[serde(default)]
+    compatibility: Compatibility,
+    /// Per-subject compatibility levels.
+    #[serde(default)]
+    subject_compatibility: BTreeMap<String, Compatibility>,
+}
+
+/// The registry's data, loaded from and saved to a file.
+#[derive(Debug)]
+pub struct Store {
+    path: PathBuf,
+    state: State,
+}
+
+/// What a registration did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Registered {
+    /// The schema's id.
+    pub id: i32,
+    /// Its version under the subject.
+    pub version: i32,
+}
+
+impl Store {
+    /// Loads the registry kept at `path` (empty if the file does not exist).
+    pub fn open(path: &Path) -> Result<Self, RegistryError> {
+        let state = match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| RegistryError::Storage {
+                path: path.to_owned(),
+                reason: format!("not a schema registry file: {e}"),
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => State::default(),
+            Err(e) => {
+                return Err(RegistryError::Storage {
+                    path: path.to_owned(),
+                    reason: e.to_string(),
+                });
+            }
+        };
+        Ok(Store {
+            path: path.to_owned(),
+            state,
+        })
+    }
+
+    fn save(&self) -> Result<(), RegistryError> {
+        let storage = |e: std::io::Error| RegistryError::Storage {
+            path: self.path.clone(),
+            reason: e.to_string(),
+        };
+        let bytes = serde_json::to_vec_pretty(&self.state).map_err(|e| RegistryError::Storage {
+            path: self.path.clone(),
+            reason: e.to_string(),
+        })?;
+        let temporary = self.path.with_extension("tmp");
+        {
+            use std::io::Write;
+            let mut file = std::fs::File::create(&temporary).map_err(storage)?;
+            file.write_all(&bytes).map_err(storage)?;
+            file.sync_all().map_err(storage)?;
+        }
+        std::fs::rename(&temporary, &self.path).map_err(storage)?;
+        if let Some(dir) = self.path.parent() {
+            std::fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(storage)?;
+        }
+        Ok(())
+    }
+
+    /// The compatibility level that applies to `subject`.
+    pub fn compatibility(&self, subject: Option<&str>) -> Compatibility {
+        subject
+            .and_then(|s| self.state.subject_compatibility.get(s))
+            .copied()
+            .unwrap_or(self.state.compatibility)
+    }
+
+    /// The level set for `subject` itself (`None`: it follows the global one).
+    pub fn subject_compatibility(&self, subject: &str) -> Option<Compatibility> {
+        self.state.subject_compatibility.get(subject).copied()
+    }
+
+    /// Sets the global level, or a subject's.
+    pub fn set_compatibility(
+        &mut self,
+        subject: Option<&str>,
+        level: Compatibility,
+    ) -> Result<(), RegistryError> {
+        match subject {
+            Some(s) => {
+                self.state.subject_compatibility.insert(s.to_owned(), level);
+            }
+            None => self.state.compatibility = level,
+        }
+        self.save()
+    }
+
+    /// The schema with `id`.
+    pub fn schema(&self, id: i32) -> Option<&StoredSchema> {
+        self.state.schemas.get(&id)
+    }
+
+    /// Subjects with at least one live version.
+    pub fn subjects(&self) -> Vec<String> {
+        self.state
+            .subjects
+            .iter()
+            .filter(|(_, versions)| versions.iter().any(|v| !v.deleted))
+            .map(|(s, _)| s.clone())
+            .collect()
+    }
+
+    /// The live versions of `subject`.
+    pub fn versions(&self, subject: &str) -> Result<Vec<&Version>, RegistryError> {
+        let versions: Vec<&Version> = self
+            .state
+            .subjects
+            .get(subject)
+            .map(|v| v.iter().filter(|v| !v.deleted).collect())
+            .unwrap_or_default();
+        if versions.is_empty() {
+            return Err(RegistryError::SubjectNotFound(subject.to_owned()));
+        }
+        Ok(versions)
+    }
+
+    /// Version `version` of `subject` (`None`: the latest).
+    pub fn version(&self, subject: &str, version: Option<i32>) -> Result<&Version, RegistryError> {
+        let versions = self.versions(subject)?;
+        let found = match version {
+            None => versions.last().copied(),
+            Some(n) => versions.into_iter().find(|v| v.version == n),
+        };
+        found.ok_or_else(|| RegistryError::VersionNotFound {
+            subject: subject.to_owned(),
+            version: version.unwrap_or(-1),
+        })
+    }
+
+    /// Where `schema` is already registered under `subject`.
+    pub fn lookup(
+        &self,
+        subject: &str,
+        schema: &StoredSchema,
+    ) -> Result<Option<Registered>, RegistryError> {
+        let wanted = super::normalize(schema)?;
+        for version in self.versions(subject)? {
+            if let Some(stored) = self.state.schemas.get(&version.id)
+                && stored.schema_type == schema.schema_type
+                && super::normalize(stored)? == wanted
+            {
+                return Ok(Some(Registered {
+                    id: version.id,
+                    version: version.version,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Registers `schema` under `subject`: the existing version when it is
+    /// already there, else a new version after the compatibility check.
+    /// An identical schema registered elsewhere keeps its id.
+    pub fn register(
+        &mut self,
+        subject: &str,
+        schema: StoredSchema,
+    ) -> Result<Registered, RegistryError> {
+        let normalized = super::normalize(&schema)?;
+        if self.state.subjects.contains_key(subject)
+            && let Ok(Some(found)) = self.lookup(subject, &schema)
+        {
+            return Ok(found);
+        }
+        let level = self.compatibility(Some(subject));
+        let previous: Vec<&StoredSchema> = self
+            .state
+            .subjects
+            .get(subject)
+            .map(|versions| {
+                versions
+                    .iter()
+                    .filter(|v| !v.deleted)
+                    .filter_map(|v| self.state.schemas.get(&v.id))
+                    .collect()
+            })
+            .unwrap_or_default();
+        super::check_compatibility(level, &schema, &previous)?;
+        let mut existing_id = None;
+        for (id, stored) in &self.state.schemas {
+            if stored.schema_type == schema.schema_type && super::normalize(stored)? == normalized {
+                existing_id = Some(*id);
+                break;
+            }
+        }
+        let id = match existing_id {
+            Some(id) => id,
+            None => {
+                let id = self
+                    .state
+                    .schemas
+                    .keys()
+                    .next_back()
+                    .map_or(1, |last| last + 1);
+                self.state.schemas.insert(id, schema);
+                id
+            }
+        };
+        let versions = self.state.subjects.entry(subject.to_owned()).or_default();
+        let version = versions.last().map_or(1, |v| v.version + 1);
+        versions.push(Version {
+            version,
+            id,
+            deleted: false,
+        });
+        self.save()?;
+        Ok(Registered { id, version })
+    }
+}
