@@ -163,6 +163,45 @@ pub struct Consumed {
     pub headers: Value,
 }
 
+/// librdkafka's mock cluster in a process of its own (the `mock-kafka`
+/// binary of this package): the broker for transactional tests, which
+/// tansu cannot serve. Killed when dropped.
+pub struct MockKafka {
+    child: Child,
+    bootstrap: String,
+}
+
+impl MockKafka {
+    /// Starts `binary` (the test's `env!("CARGO_BIN_EXE_mock-kafka")`).
+    pub fn start(binary: &Path) -> MockKafka {
+        let mut child = Command::new(binary)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+        let mut line = String::new();
+        if let Some(stdout) = child.stdout.as_mut() {
+            use std::io::BufRead;
+            let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+        }
+        let bootstrap = line.trim().to_owned();
+        assert!(!bootstrap.is_empty(), "the mock cluster did not start");
+        MockKafka { child, bootstrap }
+    }
+
+    /// Its bootstrap servers.
+    pub fn bootstrap(&self) -> &str {
+        &self.bootstrap
+    }
+}
+
+impl Drop for MockKafka {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// How [`consume`] reads.
 #[derive(Clone, Debug)]
 pub struct ConsumeOptions<'a> {
@@ -176,6 +215,8 @@ pub struct ConsumeOptions<'a> {
     pub timeout: Duration,
     /// The schema registry (Avro), whose subjects are listed too.
     pub registry: Option<&'a str>,
+    /// Read only committed transactions (`isolation.level = read_committed`).
+    pub read_committed: bool,
 }
 
 /// What [`consume`] read.
@@ -187,20 +228,21 @@ pub struct ConsumeResult {
     pub subjects: Value,
 }
 
-/// Reads `options.topics` on `broker` with Python's confluent-kafka.
+/// Reads `options.topics` from the cluster at `bootstrap` with Python's
+/// confluent-kafka.
 /// Panics with the consumer's error output if it fails, or if fewer than
 /// `expect` messages arrived in time.
-pub fn consume(broker: &Broker, options: &ConsumeOptions<'_>) -> Vec<Consumed> {
-    consume_with_registry(broker, options).messages
+pub fn consume(bootstrap: &str, options: &ConsumeOptions<'_>) -> Vec<Consumed> {
+    consume_with_registry(bootstrap, options).messages
 }
 
 /// As [`consume`], with the registry's subjects.
-pub fn consume_with_registry(broker: &Broker, options: &ConsumeOptions<'_>) -> ConsumeResult {
+pub fn consume_with_registry(bootstrap: &str, options: &ConsumeOptions<'_>) -> ConsumeResult {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("kafka/consume.py");
     let mut command = Command::new(python());
     command
         .arg(script)
-        .args(["--brokers", &broker.bootstrap(), "--format", options.format])
+        .args(["--brokers", bootstrap, "--format", options.format])
         .args(["--expect", &options.expect.to_string()])
         .args(["--timeout", &options.timeout.as_secs_f64().to_string()]);
     for topic in options.topics {
@@ -209,16 +251,18 @@ pub fn consume_with_registry(broker: &Broker, options: &ConsumeOptions<'_>) -> C
     if let Some(registry) = options.registry {
         command.args(["--registry", registry]);
     }
+    if options.read_committed {
+        command.args(["--isolation", "read_committed"]);
+    }
     let output = command
         .stdin(Stdio::null())
         .output()
         .unwrap_or_else(|e| panic!("cannot run the consumer: {e}"));
     assert!(
         output.status.success(),
-        "the consumer failed ({}): {}\nbroker log:\n{}",
+        "the consumer failed ({}): {}",
         output.status,
         String::from_utf8_lossy(&output.stderr),
-        broker.log()
     );
     let document: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
         panic!(

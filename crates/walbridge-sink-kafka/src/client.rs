@@ -38,6 +38,10 @@ impl ClientContext for TracingContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
+        // The end of a partition is how reading the positions back stops.
+        if matches!(error, KafkaError::PartitionEOF(_)) {
+            return;
+        }
         // Connection trouble is reported here while librdkafka retries.
         tracing::warn!(target: "librdkafka", "{error}: {reason}");
     }
@@ -83,7 +87,7 @@ pub fn admin(config: &KafkaSinkConfig) -> Result<AdminClient<TracingContext>, Si
 }
 
 /// Properties of any client (not only producers): where and how to connect.
-fn is_connection_property(key: &str) -> bool {
+pub(crate) fn is_connection_property(key: &str) -> bool {
     key == "bootstrap.servers"
         || key == "client.id"
         || key.starts_with("security.")
@@ -100,6 +104,8 @@ fn is_connection_property(key: &str) -> bool {
         || key.starts_with("client.")
         || key == "debug"
 }
+
+impl rdkafka::consumer::ConsumerContext for TracingContext {}
 
 /// Fails unless the cluster answers a metadata request: the start-up
 /// health check (an unreachable cluster is retried by the runtime).

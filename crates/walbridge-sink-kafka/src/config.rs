@@ -95,6 +95,10 @@ fn default_placeholder() -> String {
     DEFAULT_UNCHANGED_PLACEHOLDER.to_owned()
 }
 
+fn default_positions_topic() -> String {
+    "walbridge.positions".to_owned()
+}
+
 fn broker_default() -> i32 {
     -1
 }
@@ -192,6 +196,21 @@ pub struct KafkaSinkConfig {
     /// (`[schema_registry] listen`).
     #[serde(default)]
     pub schema_registry: Option<SchemaRegistrySetting>,
+    /// Deliver exactly once: a transactional producer, one Kafka
+    /// transaction per batch of source transactions, the sink's positions
+    /// committed in the same transaction (on `positions_topic`) and read
+    /// back from Kafka at start. Consumers read with
+    /// `isolation.level = read_committed`.
+    #[serde(default)]
+    pub exactly_once: bool,
+    /// With `exactly_once`: the producer's `transactional.id`; one
+    /// running instance per id (a second one fences the first). Default
+    /// `walbridge-<sink name>`.
+    #[serde(default)]
+    pub transactional_id: Option<String>,
+    /// With `exactly_once`: the compacted topic holding the positions.
+    #[serde(default = "default_positions_topic")]
+    pub positions_topic: String,
     /// librdkafka properties passed through as they are (security, SASL,
     /// compression, batching, …); they override walbridge's defaults.
     #[serde(default)]
@@ -274,6 +293,15 @@ impl KafkaSinkConfig {
                 ));
             }
         }
+        if let Err(e) = crate::topic::check_topic_name(&self.positions_topic) {
+            problems.push(format!("{}: {e}", at("positions_topic")));
+        }
+        if self.transactional_id.is_some() && !self.exactly_once {
+            problems.push(format!(
+                "{}: only applies with `exactly_once = true`",
+                at("transactional_id")
+            ));
+        }
         for (key, topic) in [
             ("message_topic", &self.message_topic),
             ("transaction_topic", &self.transaction_topic),
@@ -318,6 +346,14 @@ impl KafkaSinkConfig {
         properties.insert("client.id".into(), format!("walbridge-{}", self.name));
         properties.extend(self.kafka_properties.clone());
         properties.insert("bootstrap.servers".into(), self.brokers.clone());
+        if self.exactly_once {
+            properties.insert(
+                "transactional.id".into(),
+                self.transactional_id
+                    .clone()
+                    .unwrap_or_else(|| format!("walbridge-{}", self.name)),
+            );
+        }
         properties
     }
 }

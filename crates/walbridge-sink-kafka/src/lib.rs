@@ -19,6 +19,7 @@ mod delivery;
 pub mod encode;
 mod error;
 pub mod event;
+mod positions;
 pub mod registry;
 mod sink;
 pub mod topic;

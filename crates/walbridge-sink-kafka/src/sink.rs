@@ -1,7 +1,7 @@
 //! The sink's run loop: events in, messages out, cursor stored behind the
 //! deliveries.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,13 +12,14 @@ use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 use tokio::sync::mpsc;
 use walbridge_core::SourceEvent;
-use walbridge_log::{CursorFile, CursorPosition, CursorState, Routed, SourceContext};
+use walbridge_log::{CursorFile, CursorPosition, CursorState, LogPosition, Routed, SourceContext};
 
 use crate::client;
 use crate::config::KafkaSinkConfig;
 use crate::delivery::{DeliveryContext, Pending, Tracker, show_key};
 use crate::error::SinkError;
 use crate::event::{Emitter, Outgoing, SourceRef};
+use crate::positions::{self, PositionRecord};
 use crate::topic::Topics;
 
 /// The longest the sink goes, while busy, without storing its cursor.
@@ -30,11 +31,55 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a full producer queue is waited on before trying again.
 const QUEUE_FULL_WAIT: Duration = Duration::from_millis(50);
 
+/// How long a transaction commit, abort or initialization may take.
+const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A kafka sink ready to run.
 pub struct KafkaSink {
     config: KafkaSinkConfig,
     cursor_file: CursorFile,
     cursor: CursorState,
+    /// The producer, once connected (by [`KafkaSink::recover`] or
+    /// [`KafkaSink::run`]).
+    connected: Option<Connected>,
+}
+
+/// A producer connected to the cluster, with its delivery tracker.
+struct Connected {
+    producer: ThreadedProducer<DeliveryContext>,
+    tracker: Arc<Tracker>,
+}
+
+/// Runs a blocking producer call off the runtime's threads.
+async fn blocking<T: Send + 'static>(
+    brokers: &str,
+    call: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, SinkError> {
+    tokio::task::spawn_blocking(call)
+        .await
+        .map_err(|e| SinkError::Unreachable {
+            brokers: brokers.to_owned(),
+            reason: format!("a producer call did not finish: {e}"),
+        })
+}
+
+/// A failed transaction call: fatal errors (another instance with the
+/// same `transactional.id` took over) stop the sink, others are retried.
+fn transaction_error(what: &str, error: KafkaError, brokers: &str) -> SinkError {
+    let fatal = match &error {
+        KafkaError::Transaction(e) => e.is_fatal(),
+        _ => false,
+    };
+    if fatal {
+        SinkError::Config(format!(
+            "{what} failed fatally: {error} (is another walbridge running with the same transactional_id?)"
+        ))
+    } else {
+        SinkError::Unreachable {
+            brokers: brokers.to_owned(),
+            reason: format!("{what} failed: {error}"),
+        }
+    }
 }
 
 impl KafkaSink {
@@ -53,6 +98,7 @@ impl KafkaSink {
             config,
             cursor_file,
             cursor,
+            connected: None,
         })
     }
 
@@ -66,9 +112,12 @@ impl KafkaSink {
         self.cursor.positions.get(source)
     }
 
-    /// Produces every event from `events` until the channel closes, then
-    /// waits for the deliveries and stores the cursor.
-    pub async fn run(mut self, mut events: mpsc::Receiver<Routed>) -> Result<(), SinkError> {
+    /// Creates the producer and checks the cluster answers; a
+    /// transactional producer also aborts what a predecessor left open.
+    async fn connect(&mut self) -> Result<(), SinkError> {
+        if self.connected.is_some() {
+            return Ok(());
+        }
         let tracker = Arc::new(Tracker::default());
         let producer = client::producer(
             &self.config,
@@ -83,6 +132,43 @@ impl KafkaSink {
         )
         .await?;
         tracing::info!(sink = %self.config.name, brokers, "Kafka cluster reachable");
+        if self.config.exactly_once {
+            let init = producer.clone();
+            blocking(&self.config.brokers, move || {
+                init.init_transactions(TRANSACTION_TIMEOUT)
+            })
+            .await?
+            .map_err(|e| transaction_error("initializing transactions", e, &self.config.brokers))?;
+        }
+        self.connected = Some(Connected { producer, tracker });
+        Ok(())
+    }
+
+    /// With `exactly_once`: connects, and takes the positions committed in
+    /// Kafka as where to resume (they are ahead of or equal to the cursor
+    /// file, which is stored after each commit). Nothing to do otherwise.
+    pub async fn recover(&mut self) -> Result<(), SinkError> {
+        if !self.config.exactly_once {
+            return Ok(());
+        }
+        self.connect().await?;
+        let config = self.config.clone();
+        let recovered =
+            blocking(&self.config.brokers, move || positions::recover(&config)).await??;
+        for (source, position) in recovered {
+            tracing::info!(sink = %self.config.name, source, next = position.next, "resuming from the position committed in Kafka");
+            self.cursor.positions.insert(source, position);
+        }
+        Ok(())
+    }
+
+    /// Produces every event from `events` until the channel closes, then
+    /// waits for the deliveries and stores the cursor.
+    pub async fn run(mut self, mut events: mpsc::Receiver<Routed>) -> Result<(), SinkError> {
+        self.connect().await?;
+        let Some(Connected { producer, tracker }) = self.connected.take() else {
+            return Err(SinkError::Config("the producer is not connected".into()));
+        };
         let admin = if self.config.topic_creation.enabled {
             Some(client::admin(&self.config)?)
         } else {
@@ -90,11 +176,18 @@ impl KafkaSink {
         };
         let mut run = Run {
             emitter: Emitter::new(&self.config)?,
-            topics: Topics::new(admin, self.config.topic_creation.clone()),
+            topics: Topics::new(
+                admin,
+                self.config.topic_creation.clone(),
+                self.config
+                    .exactly_once
+                    .then(|| self.config.positions_topic.clone()),
+            ),
             producer,
             tracker,
             sources: HashMap::new(),
             outgoing: Vec::new(),
+            transaction: self.config.exactly_once.then(Transaction::default),
         };
         let mut last_store = Instant::now();
         let mut tick = tokio::time::interval(COMMIT_INTERVAL);
@@ -108,17 +201,13 @@ impl KafkaSink {
                 _ = tick.tick() => {}
             }
             if last_store.elapsed() >= COMMIT_INTERVAL {
-                self.store_delivered(&run)?;
+                self.commit(&mut run).await?;
                 last_store = Instant::now();
             }
         }
+        self.commit(&mut run).await?;
         let producer = run.producer.clone();
-        let flushed = tokio::task::spawn_blocking(move || producer.flush(FLUSH_TIMEOUT))
-            .await
-            .map_err(|e| SinkError::Unreachable {
-                brokers: self.config.brokers.clone(),
-                reason: format!("flushing did not finish: {e}"),
-            })?;
+        let flushed = blocking(&self.config.brokers, move || producer.flush(FLUSH_TIMEOUT)).await?;
         self.store_delivered(&run)?;
         flushed.map_err(|e| SinkError::Unreachable {
             brokers: self.config.brokers.clone(),
@@ -129,9 +218,69 @@ impl KafkaSink {
         })
     }
 
+    /// Makes what was produced count: with `exactly_once`, writes the
+    /// positions reached and commits the Kafka transaction; then stores
+    /// the delivered positions in the cursor file and acknowledges them.
+    async fn commit(&mut self, run: &mut Run) -> Result<(), SinkError> {
+        if let Some(transaction) = run.transaction.as_mut()
+            && transaction.open
+        {
+            if !transaction.unfinished.is_empty() {
+                return Ok(());
+            }
+            let reached = std::mem::take(&mut transaction.reached);
+            for (source, position) in reached {
+                let Some(context) = run.sources.get(&source) else {
+                    continue;
+                };
+                let record = PositionRecord {
+                    log: context.log_id.clone(),
+                    next: position.next,
+                    lsn: position.lsn.to_string(),
+                };
+                let message = Outgoing {
+                    topic: self.config.positions_topic.clone(),
+                    table: "-".into(),
+                    key: Some(positions::record_key(&self.config.name, &source).into_bytes()),
+                    value: Some(serde_json::to_vec(&record).unwrap_or_default()),
+                    lsn: position.lsn,
+                    xid: None,
+                };
+                run.send(&source, &message).await?;
+            }
+            let producer = run.producer.clone();
+            let committed = blocking(&self.config.brokers, move || {
+                producer.commit_transaction(TRANSACTION_TIMEOUT)
+            })
+            .await?;
+            if let Err(e) = committed {
+                let producer = run.producer.clone();
+                // The next run starts from what Kafka committed; aborting
+                // only frees the transaction sooner.
+                let _ = blocking(&self.config.brokers, move || {
+                    producer.abort_transaction(TRANSACTION_TIMEOUT)
+                })
+                .await;
+                return Err(transaction_error(
+                    "committing a Kafka transaction",
+                    e,
+                    &self.config.brokers,
+                ));
+            }
+            if let Some(transaction) = run.transaction.as_mut() {
+                transaction.open = false;
+            }
+        }
+        self.store_delivered(run)
+    }
+
     /// Stores the positions whose messages are all delivered, then
     /// acknowledges them to their sources.
     fn store_delivered(&mut self, run: &Run) -> Result<(), SinkError> {
+        if run.transaction.as_ref().is_some_and(|t| t.open) {
+            // Delivered is not committed: wait for the commit.
+            return Ok(());
+        }
         let released = run.tracker.take_delivered()?;
         if released.is_empty() {
             return Ok(());
@@ -161,6 +310,17 @@ impl KafkaSink {
     }
 }
 
+/// The open Kafka transaction of an `exactly_once` sink.
+#[derive(Default)]
+struct Transaction {
+    open: bool,
+    /// Per source, the position the messages produced so far reach.
+    reached: HashMap<String, LogPosition>,
+    /// Sources whose last messages are part of a unit still coming: the
+    /// transaction cannot commit before the unit is whole.
+    unfinished: HashSet<String>,
+}
+
 /// The state of one run.
 struct Run {
     emitter: Emitter,
@@ -170,6 +330,8 @@ struct Run {
     sources: HashMap<String, Arc<SourceContext>>,
     /// Messages of the event being handled (reused).
     outgoing: Vec<Outgoing>,
+    /// With `exactly_once`: the Kafka transaction.
+    transaction: Option<Transaction>,
 }
 
 impl Run {
@@ -214,8 +376,19 @@ impl Run {
             }
             self.outgoing = outgoing;
         }
-        if let Some(position) = routed.position {
-            self.tracker.seal(&source.name, position);
+        match routed.position {
+            Some(position) => {
+                self.tracker.seal(&source.name, position);
+                if let Some(transaction) = self.transaction.as_mut() {
+                    transaction.reached.insert(source.name.clone(), position);
+                    transaction.unfinished.remove(&source.name);
+                }
+            }
+            None => {
+                if let Some(transaction) = self.transaction.as_mut() {
+                    transaction.unfinished.insert(source.name.clone());
+                }
+            }
         }
         Ok(())
     }
@@ -223,6 +396,14 @@ impl Run {
     /// Hands one message to the producer, waiting while its queue is full.
     async fn send(&mut self, source: &str, message: &Outgoing) -> Result<(), SinkError> {
         self.topics.ensure(&message.topic).await?;
+        if let Some(transaction) = self.transaction.as_mut()
+            && !transaction.open
+        {
+            self.producer.begin_transaction().map_err(|e| {
+                transaction_error("beginning a Kafka transaction", e, "the cluster")
+            })?;
+            transaction.open = true;
+        }
         let epoch = self.tracker.track();
         let table: Arc<str> = Arc::from(message.table.as_str());
         let lsn = message.lsn.to_string();

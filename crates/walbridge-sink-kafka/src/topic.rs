@@ -81,16 +81,24 @@ impl TopicNamer {
 pub struct Topics {
     admin: Option<AdminClient<TracingContext>>,
     creation: TopicCreation,
+    /// Topics that only need each key's last record (the positions topic).
+    compacted: HashSet<String>,
     known: HashSet<String>,
 }
 
 impl Topics {
-    /// Topics created with `admin` as `creation` says; `None` leaves
-    /// creation to the broker.
-    pub fn new(admin: Option<AdminClient<TracingContext>>, creation: TopicCreation) -> Self {
+    /// Topics created with `admin` as `creation` says (`compacted` ones
+    /// with `cleanup.policy = compact`); `None` leaves creation to the
+    /// broker.
+    pub fn new(
+        admin: Option<AdminClient<TracingContext>>,
+        creation: TopicCreation,
+        compacted: impl IntoIterator<Item = String>,
+    ) -> Self {
         Topics {
             admin,
             creation,
+            compacted: compacted.into_iter().collect(),
             known: HashSet::new(),
         }
     }
@@ -108,6 +116,9 @@ impl Topics {
             );
             for (key, value) in &self.creation.config {
                 new = new.set(key, value);
+            }
+            if self.compacted.contains(topic) {
+                new = new.set("cleanup.policy", "compact");
             }
             let options = AdminOptions::new().operation_timeout(Some(CREATE_TIMEOUT));
             let results = admin.create_topics([&new], &options).await.map_err(|e| {

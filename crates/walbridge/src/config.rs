@@ -65,7 +65,7 @@ pub enum SinkConfig {
     /// Apply into a PostgreSQL database.
     Postgres(PostgresSinkConfig),
     /// Change events to Kafka, a topic per table.
-    Kafka(KafkaSinkConfig),
+    Kafka(Box<KafkaSinkConfig>),
 }
 
 impl SinkConfig {

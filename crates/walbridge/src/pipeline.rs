@@ -270,7 +270,16 @@ async fn start_positions(
     inputs: &[SinkInput],
 ) -> Result<Vec<u64>, SinkStop> {
     match sink {
-        Sink::Jsonl(_) | Sink::Kafka(_) => Ok(inputs
+        Sink::Kafka(s) => {
+            s.recover().await.map_err(|e| {
+                SinkStop::Sink(anyhow::Error::new(e).context(format!("sink `{name}`")))
+            })?;
+            Ok(inputs
+                .iter()
+                .map(|i| start_position(sink, name, &i.log, &i.context.name))
+                .collect())
+        }
+        Sink::Jsonl(_) => Ok(inputs
             .iter()
             .map(|i| start_position(sink, name, &i.log, &i.context.name))
             .collect()),

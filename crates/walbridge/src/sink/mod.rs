@@ -54,7 +54,7 @@ impl Sink {
                     .with_context(|| format!("sink `{}`", c.name))
             }
             crate::config::SinkConfig::Kafka(c) => {
-                walbridge_sink_kafka::KafkaSink::open(c.clone(), cursor_dir)
+                walbridge_sink_kafka::KafkaSink::open((**c).clone(), cursor_dir)
                     .map(|s| Sink::Kafka(Box::new(s)))
                     .with_context(|| format!("sink `{}`", c.name))
             }
