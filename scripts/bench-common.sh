@@ -25,9 +25,14 @@ build_walbridge() {
 
 # Runs walbridge on an existing slot until it has confirmed $2; prints the
 # seconds taken and walbridge's peak RSS in kB.
-# Args: slot end_lsn database publication output_path
+# Args: slot end_lsn database publication output_path [sink_sections]
+# (sink_sections replaces the jsonl sink writing to output_path).
 walbridge_until() {
   local slot=$1 end=$2 db=$3 publication=$4 output=$5
+  local sinks=${6:-"[[sink]]
+name = \"out\"
+type = \"jsonl\"
+path = \"$output\""}
   mkdir -p "$work/wb-$slot"
   cat > "$work/wb-$slot/config.toml" <<CONF
 data_dir = "$work/wb-$slot/data"
@@ -39,10 +44,7 @@ slot = "$slot"
 create_slot = false
 copy_data = false
 status_interval = 1
-[[sink]]
-name = "out"
-type = "jsonl"
-path = "$output"
+$sinks
 CONF
   local start; start=$(date +%s.%N)
   "$bin" run -c "$work/wb-$slot/config.toml" 2>"$work/wb-$slot/stderr.log" &
