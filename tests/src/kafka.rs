@@ -146,6 +146,31 @@ impl Drop for Broker {
     }
 }
 
+/// Drives the schema registry at `url` with confluent-kafka's
+/// `SchemaRegistryClient` (register, look up, versions, schemas by id,
+/// compatibility levels) and returns what it saw.
+pub fn exercise_registry(url: &str) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("kafka/registry_client.py");
+    let output = Command::new(python())
+        .arg(script)
+        .arg(url)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the registry client: {e}"));
+    assert!(
+        output.status.success(),
+        "the registry client failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "the registry client printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}
+
 /// One message as the consumer decoded it.
 #[derive(Clone, Debug)]
 pub struct Consumed {

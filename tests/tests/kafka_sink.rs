@@ -546,6 +546,23 @@ fn avro_events_through_the_embedded_registry() {
     assert_eq!(all.subjects[format!("{topic}-value")], json!([1, 2]));
     assert_eq!(all.subjects[format!("{topic}-key")], json!([1]));
 
+    // Third-party clients use the same registry for their own subjects.
+    let seen = walbridge_tests::kafka::exercise_registry(&registry);
+    let ids = seen["ids"].as_array().cloned().unwrap_or_default();
+    assert_eq!(ids.len(), 2, "{seen}");
+    assert_ne!(ids[0], ids[1], "{seen}");
+    assert_eq!(seen["again"], ids[0], "{seen}");
+    assert_eq!(seen["lookup"], json!([ids[0], 1]), "{seen}");
+    assert_eq!(seen["latest"], json!([ids[1], 2]), "{seen}");
+    assert_eq!(seen["version1"], ids[0], "{seen}");
+    assert_eq!(seen["by_id"], "note", "{seen}");
+    assert_eq!(seen["versions"], json!([1, 2]), "{seen}");
+    assert_eq!(seen["global_level"], "BACKWARD", "{seen}");
+    assert_eq!(seen["incompatible"], 409, "{seen}");
+    assert_eq!(seen["subject_level"], "NONE", "{seen}");
+    assert!(seen["after_none"].as_i64().is_some(), "{seen}");
+    assert_eq!(seen["missing"], json!([404, 40401]), "{seen}");
+
     // The registry is kept in data_dir: after a restart the ids stay.
     running.stop(WAIT);
     let _running = p.wb.start();
