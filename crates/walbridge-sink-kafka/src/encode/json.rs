@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use serde::Serialize;
 use serde_json::{Map, Value, json};
 use walbridge_core::json::datum_to_json;
 use walbridge_core::{
@@ -19,7 +20,8 @@ use walbridge_core::{
 };
 
 use crate::event::{
-    ChangeEvent, KeyColumns, RowImage, SourceBlock, TransactionRecord, TransactionStatus,
+    ChangeEvent, KeyColumns, RowImage, SourceBlock, TransactionBlock, TransactionRecord,
+    TransactionStatus,
 };
 
 /// The connector name in every `source` block.
@@ -70,19 +72,6 @@ impl JsonEncoder {
         datum_to_json(datum, &column.kind, &self.placeholder)
     }
 
-    fn row(&self, relation: &Relation, image: &RowImage<'_>) -> Value {
-        let mut map = Map::with_capacity(relation.columns.len());
-        for (column, datum) in relation.columns.iter().zip(image.row.iter()) {
-            let value = if image.only_keys && !column.is_key {
-                Value::Null
-            } else {
-                self.value(datum, column)
-            };
-            map.insert(column.name.clone(), value);
-        }
-        Value::Object(map)
-    }
-
     /// The schemas of `topic` for `relation`, made once per descriptor.
     fn schemas(
         &mut self,
@@ -109,14 +98,18 @@ impl JsonEncoder {
         made
     }
 
-    fn framed(&self, schema: impl FnOnce() -> Value, payload: Value) -> Vec<u8> {
-        let document = if self.with_schemas {
-            json!({"schema": schema(), "payload": payload})
+    fn framed<T: Serialize>(&self, schema: impl FnOnce() -> Value, payload: &T) -> Vec<u8> {
+        // Serializing into a Vec fails only for maps with non-string
+        // keys, which none of these have.
+        if self.with_schemas {
+            serde_json::to_vec(&Framed {
+                schema: schema(),
+                payload,
+            })
+            .unwrap_or_default()
         } else {
-            payload
-        };
-        // Serializing a Value into a Vec cannot fail.
-        serde_json::to_vec(&document).unwrap_or_default()
+            serde_json::to_vec(payload).unwrap_or_default()
+        }
     }
 
     /// The key of a row: its key columns as an object.
@@ -142,51 +135,31 @@ impl JsonEncoder {
                     .and_then(|s| s.key.as_ref().map(|(_, schema)| schema.clone()))
                     .unwrap_or(Value::Null)
             },
-            Value::Object(map),
+            &Value::Object(map),
         )
     }
 
     /// The value of a change event.
     pub fn change(&mut self, topic: &str, event: &ChangeEvent<'_>) -> Vec<u8> {
         let relation = event.relation;
-        let mut payload = Map::new();
-        payload.insert(
-            "before".into(),
-            event
-                .before
-                .as_ref()
-                .map_or(Value::Null, |b| self.row(relation, b)),
-        );
-        payload.insert(
-            "after".into(),
-            event
-                .after
-                .as_ref()
-                .map_or(Value::Null, |a| self.row(relation, a)),
-        );
-        payload.insert("source".into(), source_payload(&event.source));
-        payload.insert("op".into(), Value::String(event.op.code().into()));
-        let now = PgTimestamp::now().unix_micros();
-        payload.insert("ts_ms".into(), json!(now.div_euclid(1000)));
-        payload.insert("ts_us".into(), json!(now));
-        if self.with_transaction {
-            payload.insert(
-                "transaction".into(),
-                event.transaction.as_ref().map_or(Value::Null, |t| {
-                    json!({
-                        "id": t.id,
-                        "total_order": t.total_order,
-                        "data_collection_order": t.data_collection_order,
-                    })
-                }),
-            );
-        }
         let schemas = self
             .with_schemas
             .then(|| self.schemas(topic, relation, None));
+        let now = PgTimestamp::now().unix_micros();
+        let envelope = EnvelopeJson {
+            before: RowJson::of(self, relation, event.before.as_ref()),
+            after: RowJson::of(self, relation, event.after.as_ref()),
+            source: SourceJson::from(&event.source),
+            op: event.op.code(),
+            ts_ms: now.div_euclid(1000),
+            ts_us: now,
+            transaction: self
+                .with_transaction
+                .then(|| event.transaction.as_ref().map(TransactionJson::from)),
+        };
         self.framed(
             || schemas.map(|s| s.value.clone()).unwrap_or(Value::Null),
-            Value::Object(payload),
+            &envelope,
         )
     }
 
@@ -203,7 +176,7 @@ impl JsonEncoder {
                     ],
                 )
             },
-            json!({"source": source, "id": id}),
+            &json!({"source": source, "id": id}),
         )
     }
 
@@ -246,7 +219,7 @@ impl JsonEncoder {
                     ],
                 )
             },
-            json!({
+            &json!({
                 "status": match record.status {
                     TransactionStatus::Begin => "BEGIN",
                     TransactionStatus::End => "END",
@@ -270,7 +243,7 @@ impl JsonEncoder {
                     vec![field("prefix", "string", false)],
                 )
             },
-            json!({"prefix": prefix}),
+            &json!({"prefix": prefix}),
         )
     }
 
@@ -306,32 +279,128 @@ impl JsonEncoder {
                     ],
                 )
             },
-            json!({
+            &json!({
                 "op": "m",
                 "ts_ms": now.div_euclid(1000),
                 "ts_us": now,
-                "source": source_payload(source),
+                "source": SourceJson::from(source),
                 "message": {"prefix": message.prefix, "content": BASE64.encode(&message.content)},
             }),
         )
     }
 }
 
-fn source_payload(source: &SourceBlock<'_>) -> Value {
-    json!({
-        "version": VERSION,
-        "connector": CONNECTOR,
-        "name": source.name,
-        "ts_ms": source.ts_us.div_euclid(1000),
-        "ts_us": source.ts_us,
-        "snapshot": if source.snapshot { "true" } else { "false" },
-        "db": source.database,
-        "schema": source.schema,
-        "table": source.table,
-        "txId": source.xid,
-        "lsn": source.lsn.0,
-        "commit_lsn": source.commit_lsn.map(|l| l.0),
-    })
+/// `{"schema": …, "payload": …}`.
+#[derive(Serialize)]
+struct Framed<'a, T> {
+    schema: Value,
+    payload: &'a T,
+}
+
+/// Debezium's envelope, serialized without building a JSON tree.
+#[derive(Serialize)]
+struct EnvelopeJson<'a> {
+    before: Option<RowJson<'a>>,
+    after: Option<RowJson<'a>>,
+    source: SourceJson<'a>,
+    op: &'static str,
+    ts_ms: i64,
+    ts_us: i64,
+    /// Absent unless transaction metadata is on; then null outside a
+    /// transaction.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    transaction: Option<Option<TransactionJson<'a>>>,
+}
+
+/// A row image as an object, straight from the datums.
+struct RowJson<'a> {
+    encoder: &'a JsonEncoder,
+    relation: &'a Relation,
+    image: &'a RowImage<'a>,
+}
+
+impl<'a> RowJson<'a> {
+    fn of(
+        encoder: &'a JsonEncoder,
+        relation: &'a Relation,
+        image: Option<&'a RowImage<'a>>,
+    ) -> Option<Self> {
+        image.map(|image| RowJson {
+            encoder,
+            relation,
+            image,
+        })
+    }
+}
+
+impl Serialize for RowJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.relation.columns.len()))?;
+        for (column, datum) in self.relation.columns.iter().zip(self.image.row.iter()) {
+            if self.image.only_keys && !column.is_key {
+                map.serialize_entry(&column.name, &Value::Null)?;
+            } else {
+                map.serialize_entry(&column.name, &self.encoder.value(datum, column))?;
+            }
+        }
+        map.end()
+    }
+}
+
+/// The `source` block.
+#[derive(Serialize)]
+struct SourceJson<'a> {
+    version: &'static str,
+    connector: &'static str,
+    name: &'a str,
+    ts_ms: i64,
+    ts_us: i64,
+    snapshot: &'static str,
+    db: &'a str,
+    schema: Option<&'a str>,
+    table: Option<&'a str>,
+    #[serde(rename = "txId")]
+    tx_id: Option<u32>,
+    lsn: u64,
+    commit_lsn: Option<u64>,
+}
+
+impl<'a> From<&SourceBlock<'a>> for SourceJson<'a> {
+    fn from(source: &SourceBlock<'a>) -> Self {
+        SourceJson {
+            version: VERSION,
+            connector: CONNECTOR,
+            name: source.name,
+            ts_ms: source.ts_us.div_euclid(1000),
+            ts_us: source.ts_us,
+            snapshot: if source.snapshot { "true" } else { "false" },
+            db: source.database,
+            schema: source.schema,
+            table: source.table,
+            tx_id: source.xid,
+            lsn: source.lsn.0,
+            commit_lsn: source.commit_lsn.map(|l| l.0),
+        }
+    }
+}
+
+/// The `transaction` block.
+#[derive(Serialize)]
+struct TransactionJson<'a> {
+    id: &'a str,
+    total_order: u64,
+    data_collection_order: u64,
+}
+
+impl<'a> From<&'a TransactionBlock> for TransactionJson<'a> {
+    fn from(t: &'a TransactionBlock) -> Self {
+        TransactionJson {
+            id: &t.id,
+            total_order: t.total_order,
+            data_collection_order: t.data_collection_order,
+        }
+    }
 }
 
 fn field(name: &str, kind: &str, optional: bool) -> Value {
