@@ -8,6 +8,10 @@
 if ! command -v psql >/dev/null; then
   apt-get update -qq && apt-get install -y -qq postgresql-client
 fi
+# Building walbridge compiles librdkafka, which links the system OpenSSL.
+if ! pkg-config --exists openssl 2>/dev/null; then
+  apt-get update -qq && apt-get install -y -qq libssl-dev pkg-config
+fi
 if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
   useradd --system --no-create-home postgres
 fi

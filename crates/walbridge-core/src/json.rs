@@ -55,7 +55,7 @@ pub fn text_to_json(text: &str, kind: &ValueKind) -> Value {
         },
         ValueKind::Int2 | ValueKind::Int4 | ValueKind::Int8 | ValueKind::Oid => integer(text),
         ValueKind::Float4 | ValueKind::Float8 => float(text),
-        ValueKind::Bytea => match text.strip_prefix("\\x").and_then(decode_hex) {
+        ValueKind::Bytea => match bytea_from_text(text) {
             Some(raw) => Value::String(BASE64.encode(raw)),
             None => Value::String(text.to_owned()),
         },
@@ -103,8 +103,9 @@ fn float(text: &str) -> Value {
     }
 }
 
-fn decode_hex(hex: &str) -> Option<Vec<u8>> {
-    let hex = hex.as_bytes();
+/// The bytes of a `bytea` in PostgreSQL's hex output form (`\x00ff`).
+pub fn bytea_from_text(text: &str) -> Option<Vec<u8>> {
+    let hex = text.strip_prefix("\\x")?.as_bytes();
     if !hex.len().is_multiple_of(2) {
         return None;
     }

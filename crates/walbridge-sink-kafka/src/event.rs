@@ -213,8 +213,14 @@ impl Emitter {
     /// identity (DEFAULT or INDEX; FULL marks every column, which would
     /// make every update a key change, so it counts as none).
     fn key_columns(&self, relation: &Relation) -> Result<Option<KeyColumns>, SinkError> {
-        let table = format!("{}.{}", relation.schema, relation.name);
-        if let Some(names) = self.key_columns.get(&table) {
+        // Most sinks configure none: no table name to build per change.
+        let configured = if self.key_columns.is_empty() {
+            None
+        } else {
+            let table = table_name(relation);
+            self.key_columns.get(&table).map(|names| (table, names))
+        };
+        if let Some((table, names)) = configured {
             let indexes = names
                 .iter()
                 .map(|name| {

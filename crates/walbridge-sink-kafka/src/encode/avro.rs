@@ -36,7 +36,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use walbridge_core::json::datum_to_json;
+use walbridge_core::json::{bytea_from_text, datum_to_json};
 use walbridge_core::{
     Column, Datum, LogicalMessage, PgTimestamp, Relation, ReplicaIdentity, Row, ValueKind,
 };
@@ -390,17 +390,6 @@ fn scalar_text<'a>(datum: &'a Datum, kind: &ValueKind) -> Result<Cow<'a, str>, S
     }
 }
 
-fn hex_bytes(text: &str) -> Option<Vec<u8>> {
-    let hex = text.strip_prefix("\\x")?.as_bytes();
-    if !hex.len().is_multiple_of(2) {
-        return None;
-    }
-    let nibble = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    hex.chunks_exact(2)
-        .map(|pair| Some(nibble(pair[0])? << 4 | nibble(pair[1])?))
-        .collect()
-}
-
 fn float_value(text: &str) -> Option<f64> {
     match text {
         "NaN" => Some(f64::NAN),
@@ -429,7 +418,7 @@ fn write_scalar(out: &mut Vec<u8>, ty: &AvroType, text: &str) -> Result<(), Stri
             _ => return Err(bad()),
         }),
         AvroType::String | AvroType::Uuid => write_bytes(out, text.as_bytes()),
-        AvroType::Bytes => write_bytes(out, &hex_bytes(text).ok_or_else(bad)?),
+        AvroType::Bytes => write_bytes(out, &bytea_from_text(text).ok_or_else(bad)?),
         AvroType::Decimal { scale, .. } => {
             write_bytes(out, &decimal_bytes(text, *scale).ok_or_else(bad)?)
         }
