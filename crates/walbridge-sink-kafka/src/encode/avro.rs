@@ -32,192 +32,79 @@
 //! strings) and null otherwise.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use walbridge_core::json::{bytea_from_text, datum_to_json};
-use walbridge_core::{
-    Column, Datum, LogicalMessage, PgTimestamp, Relation, ReplicaIdentity, Row, ValueKind,
-};
+use walbridge_core::{LogicalMessage, PgTimestamp, Relation, Row};
 
+use super::columns::{
+    ColumnType, Field, FieldValue, RecordSchemas, Registrar, Scalar, SchemaCache, SchemaDocument,
+    TopicSchemas, field_value, namespace,
+};
 use super::json::{CONNECTOR, VERSION};
-use super::temporal;
-use crate::config::{SchemaRegistryConfig, SubjectNameStrategy};
+use crate::config::SchemaRegistryConfig;
 use crate::error::SinkError;
 use crate::event::{
     ChangeEvent, KeyColumns, RowImage, SourceBlock, TransactionRecord, TransactionStatus,
-    table_name,
 };
 use crate::registry::SchemaType;
-use crate::registry::client::RegistryClient;
 
-/// The Avro type of a column.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum AvroType {
-    Int,
-    Long,
-    Float,
-    Double,
-    Boolean,
-    String,
-    Bytes,
-    Decimal { precision: u32, scale: u32 },
-    Date,
-    TimeMicros,
-    LocalTimestampMicros,
-    TimestampMicros,
-    Uuid,
-    Array(Box<AvroType>),
-}
-
-impl AvroType {
-    fn of(kind: &ValueKind, type_modifier: i32) -> AvroType {
-        match kind {
-            ValueKind::Int2 | ValueKind::Int4 => AvroType::Int,
-            ValueKind::Int8 | ValueKind::Oid => AvroType::Long,
-            ValueKind::Float4 => AvroType::Float,
-            ValueKind::Float8 => AvroType::Double,
-            ValueKind::Bool => AvroType::Boolean,
-            ValueKind::Bytea => AvroType::Bytes,
-            ValueKind::Numeric if type_modifier >= 4 => {
-                let m = (type_modifier - 4) as u32;
-                let (precision, scale) = ((m >> 16) & 0xffff, m & 0xffff);
-                // PostgreSQL 15 allows negative scales and scales above the
-                // precision, which Avro's decimal cannot describe.
-                if scale <= precision && scale < 0x8000 {
-                    AvroType::Decimal { precision, scale }
-                } else {
-                    AvroType::String
-                }
-            }
-            ValueKind::Date => AvroType::Date,
-            ValueKind::Time => AvroType::TimeMicros,
-            ValueKind::Timestamp => AvroType::LocalTimestampMicros,
-            ValueKind::TimestampTz => AvroType::TimestampMicros,
-            ValueKind::Uuid => AvroType::Uuid,
-            ValueKind::Array { element, .. } => {
-                AvroType::Array(Box::new(AvroType::of(element, -1)))
-            }
-            ValueKind::Numeric
-            | ValueKind::Text
-            | ValueKind::TimeTz
-            | ValueKind::Interval
-            | ValueKind::Json
-            | ValueKind::Jsonb
-            | ValueKind::Enum
-            | ValueKind::Composite
-            | ValueKind::Range
-            | ValueKind::Other => AvroType::String,
+/// The Avro schema of a column type.
+fn avro_type(ty: &ColumnType) -> Value {
+    match ty {
+        ColumnType::Int => json!("int"),
+        ColumnType::Long => json!("long"),
+        ColumnType::Float => json!("float"),
+        ColumnType::Double => json!("double"),
+        ColumnType::Boolean => json!("boolean"),
+        ColumnType::String => json!("string"),
+        ColumnType::Bytes => json!("bytes"),
+        ColumnType::Decimal { precision, scale } => {
+            json!({"type": "bytes", "logicalType": "decimal", "precision": precision, "scale": scale})
+        }
+        ColumnType::Date => json!({"type": "int", "logicalType": "date"}),
+        ColumnType::TimeMicros => json!({"type": "long", "logicalType": "time-micros"}),
+        ColumnType::LocalTimestampMicros => {
+            json!({"type": "long", "logicalType": "local-timestamp-micros"})
+        }
+        ColumnType::TimestampMicros => json!({"type": "long", "logicalType": "timestamp-micros"}),
+        ColumnType::Uuid => json!({"type": "string", "logicalType": "uuid"}),
+        ColumnType::Array(element) => {
+            json!({"type": "array", "items": ["null", avro_type(element)]})
         }
     }
-
-    fn schema(&self) -> Value {
-        match self {
-            AvroType::Int => json!("int"),
-            AvroType::Long => json!("long"),
-            AvroType::Float => json!("float"),
-            AvroType::Double => json!("double"),
-            AvroType::Boolean => json!("boolean"),
-            AvroType::String => json!("string"),
-            AvroType::Bytes => json!("bytes"),
-            AvroType::Decimal { precision, scale } => {
-                json!({"type": "bytes", "logicalType": "decimal", "precision": precision, "scale": scale})
-            }
-            AvroType::Date => json!({"type": "int", "logicalType": "date"}),
-            AvroType::TimeMicros => json!({"type": "long", "logicalType": "time-micros"}),
-            AvroType::LocalTimestampMicros => {
-                json!({"type": "long", "logicalType": "local-timestamp-micros"})
-            }
-            AvroType::TimestampMicros => json!({"type": "long", "logicalType": "timestamp-micros"}),
-            AvroType::Uuid => json!({"type": "string", "logicalType": "uuid"}),
-            AvroType::Array(element) => {
-                json!({"type": "array", "items": ["null", element.schema()]})
-            }
-        }
-    }
-}
-
-/// One column as a record field.
-#[derive(Clone, Debug)]
-struct Field {
-    column: usize,
-    name: String,
-    ty: AvroType,
-    nullable: bool,
-}
-
-/// A topic's schemas for one relation descriptor, with their ids.
-struct TopicSchemas {
-    relation: Relation,
-    keys: Option<Vec<usize>>,
-    value_fields: Vec<Field>,
-    key_fields: Vec<Field>,
-    key_id: Option<i32>,
-    envelope_id: i32,
 }
 
 /// Encodes events as Avro and registers their schemas.
 pub struct AvroEncoder {
-    registry: RegistryClient,
-    strategy: SubjectNameStrategy,
+    registrar: Registrar,
     placeholder: String,
     with_transaction: bool,
-    topics: HashMap<String, Arc<TopicSchemas>>,
+    schemas: SchemaCache,
 }
 
-/// A valid Avro name made of `text`: letters, digits and `_`, not
-/// starting with a digit.
-fn avro_name(text: &str) -> String {
-    let mut name: String = text
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
-    if !name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
-        name.insert(0, '_');
+/// The Avro schemas of a relation's rows.
+struct AvroSchemas {
+    with_transaction: bool,
+}
+
+impl RecordSchemas for AvroSchemas {
+    fn envelope(&self, topic: &str, fields: &[Field]) -> SchemaDocument {
+        let namespace = namespace(topic);
+        let value = record_schema("Value", &namespace, fields);
+        SchemaDocument {
+            name: format!("{namespace}.Envelope"),
+            text: envelope_schema(&namespace, value, self.with_transaction).to_string(),
+        }
     }
-    name
-}
 
-/// The namespace of a topic's records: its dot-separated parts as names.
-fn namespace(topic: &str) -> String {
-    topic
-        .split('.')
-        .map(avro_name)
-        .collect::<Vec<_>>()
-        .join(".")
-}
-
-/// Columns of a primary key or identity index are never null (with FULL
-/// identity every column is flagged, NULLs included).
-fn never_null(relation: &Relation, column: &Column) -> bool {
-    column.is_key
-        && matches!(
-            relation.replica_identity,
-            ReplicaIdentity::Default | ReplicaIdentity::Index
-        )
-}
-
-fn fields(relation: &Relation, indexes: impl Iterator<Item = usize>) -> Vec<Field> {
-    let mut used = std::collections::HashSet::new();
-    indexes
-        .filter_map(|i| relation.columns.get(i).map(|c| (i, c)))
-        .map(|(i, column)| {
-            let base = avro_name(&column.name);
-            let mut name = base.clone();
-            let mut n = 2;
-            while !used.insert(name.clone()) {
-                name = format!("{base}_{n}");
-                n += 1;
-            }
-            Field {
-                column: i,
-                name,
-                ty: AvroType::of(&column.kind, column.type_modifier),
-                nullable: !never_null(relation, column),
-            }
-        })
-        .collect()
+    fn key(&self, topic: &str, fields: &[Field]) -> SchemaDocument {
+        let namespace = namespace(topic);
+        SchemaDocument {
+            name: format!("{namespace}.Key"),
+            text: record_schema("Key", &namespace, fields).to_string(),
+        }
+    }
 }
 
 fn record_schema(name: &str, namespace: &str, fields: &[Field]) -> Value {
@@ -225,9 +112,9 @@ fn record_schema(name: &str, namespace: &str, fields: &[Field]) -> Value {
         .iter()
         .map(|f| {
             if f.nullable {
-                json!({"name": f.name, "type": ["null", f.ty.schema()], "default": null})
+                json!({"name": f.name, "type": ["null", avro_type(&f.ty)], "default": null})
             } else {
-                json!({"name": f.name, "type": f.ty.schema()})
+                json!({"name": f.name, "type": avro_type(&f.ty)})
             }
         })
         .collect();
@@ -323,156 +210,18 @@ fn wire_header(out: &mut Vec<u8>, id: i32) {
     out.extend_from_slice(&id.to_be_bytes());
 }
 
-/// The unscaled value of decimal `text` at `scale` as big-endian two's
-/// complement, or `None` when it is not a finite decimal of that scale.
-fn decimal_bytes(text: &str, scale: u32) -> Option<Vec<u8>> {
-    let (negative, body) = match text.strip_prefix('-') {
-        Some(rest) => (true, rest),
-        None => (false, text.strip_prefix('+').unwrap_or(text)),
-    };
-    let (integer, fraction) = body.split_once('.').unwrap_or((body, ""));
-    let scale = scale as usize;
-    if integer.is_empty() && fraction.is_empty()
-        || !integer
-            .bytes()
-            .chain(fraction.bytes())
-            .all(|b| b.is_ascii_digit())
-        || fraction.len() > scale && fraction[scale..].bytes().any(|b| b != b'0')
-    {
-        return None;
+/// Writes a non-null scalar.
+fn write_scalar(out: &mut Vec<u8>, value: &Scalar<'_>) {
+    match value {
+        Scalar::Int(v) | Scalar::Date(v) => write_long(out, i64::from(*v)),
+        Scalar::Long(v) | Scalar::Micros(v) => write_long(out, *v),
+        Scalar::Float(v) => out.extend_from_slice(&v.to_le_bytes()),
+        Scalar::Double(v) => out.extend_from_slice(&v.to_le_bytes()),
+        Scalar::Boolean(v) => out.push(u8::from(*v)),
+        Scalar::Text(v) => write_bytes(out, v.as_bytes()),
+        Scalar::Bytes(v) => write_bytes(out, v),
+        Scalar::Decimal(v) => write_bytes(out, v),
     }
-    // Base-256 magnitude, least significant byte first.
-    let mut magnitude: Vec<u8> = Vec::new();
-    let digits = integer
-        .bytes()
-        .chain(fraction.bytes().chain(std::iter::repeat(b'0')).take(scale));
-    for digit in digits {
-        let mut carry = u32::from(digit - b'0');
-        for byte in &mut magnitude {
-            let v = u32::from(*byte) * 10 + carry;
-            *byte = v as u8;
-            carry = v >> 8;
-        }
-        while carry > 0 {
-            magnitude.push(carry as u8);
-            carry >>= 8;
-        }
-    }
-    if negative {
-        // Two's complement: invert and add one.
-        let mut carry = 1u16;
-        for byte in &mut magnitude {
-            let v = u16::from(!*byte) + carry;
-            *byte = v as u8;
-            carry = v >> 8;
-        }
-        if magnitude.last().is_none_or(|b| b & 0x80 == 0) {
-            magnitude.push(0xff);
-        }
-    } else if magnitude.last().is_none_or(|b| b & 0x80 != 0) {
-        magnitude.push(0);
-    }
-    magnitude.reverse();
-    Some(magnitude)
-}
-
-/// A scalar's text: PostgreSQL's text output, or for a binary value the
-/// text of its JSON conversion.
-fn scalar_text<'a>(datum: &'a Datum, kind: &ValueKind) -> Result<Cow<'a, str>, String> {
-    match datum {
-        Datum::Text(bytes) => std::str::from_utf8(bytes)
-            .map(Cow::Borrowed)
-            .map_err(|e| format!("not UTF-8: {e}")),
-        other => Ok(match datum_to_json(other, kind, &Value::Null) {
-            Value::String(s) => Cow::Owned(s),
-            v => Cow::Owned(v.to_string()),
-        }),
-    }
-}
-
-fn float_value(text: &str) -> Option<f64> {
-    match text {
-        "NaN" => Some(f64::NAN),
-        "Infinity" => Some(f64::INFINITY),
-        "-Infinity" => Some(f64::NEG_INFINITY),
-        _ => text.parse().ok(),
-    }
-}
-
-/// Writes a non-null scalar of `ty` from its text.
-fn write_scalar(out: &mut Vec<u8>, ty: &AvroType, text: &str) -> Result<(), String> {
-    let bad = || format!("`{text}` is not a valid {ty:?} value");
-    match ty {
-        AvroType::Int => write_long(out, i64::from(text.parse::<i32>().map_err(|_| bad())?)),
-        AvroType::Long => write_long(out, text.parse::<i64>().map_err(|_| bad())?),
-        AvroType::Float => {
-            let v = float_value(text).ok_or_else(bad)? as f32;
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-        AvroType::Double => {
-            out.extend_from_slice(&float_value(text).ok_or_else(bad)?.to_le_bytes())
-        }
-        AvroType::Boolean => out.push(match text {
-            "t" | "true" => 1,
-            "f" | "false" => 0,
-            _ => return Err(bad()),
-        }),
-        AvroType::String | AvroType::Uuid => write_bytes(out, text.as_bytes()),
-        AvroType::Bytes => write_bytes(out, &bytea_from_text(text).ok_or_else(bad)?),
-        AvroType::Decimal { scale, .. } => {
-            write_bytes(out, &decimal_bytes(text, *scale).ok_or_else(bad)?)
-        }
-        AvroType::Date => write_long(out, i64::from(temporal::date_days(text).ok_or_else(bad)?)),
-        AvroType::TimeMicros => write_long(out, temporal::time_micros(text).ok_or_else(bad)?),
-        AvroType::LocalTimestampMicros => write_long(
-            out,
-            temporal::timestamp_micros(text, false).ok_or_else(bad)?,
-        ),
-        AvroType::TimestampMicros => {
-            write_long(out, temporal::timestamp_micros(text, true).ok_or_else(bad)?)
-        }
-        AvroType::Array(_) => return Err(bad()),
-    }
-    Ok(())
-}
-
-/// Writes a JSON array (an array column converted by
-/// [`walbridge_core::json`]) as an Avro array of nullable elements.
-fn write_array(out: &mut Vec<u8>, element: &AvroType, items: &[Value]) -> Result<(), String> {
-    if !items.is_empty() {
-        write_long(out, items.len() as i64);
-        for item in items {
-            match item {
-                Value::Null => write_long(out, 0),
-                Value::Array(_) => {
-                    return Err(
-                        "multidimensional arrays have no Avro mapping here (use format = \"json\")"
-                            .to_owned(),
-                    );
-                }
-                Value::String(s) => {
-                    write_long(out, 1);
-                    match element {
-                        // The JSON conversion gives bytea elements as base64.
-                        AvroType::Bytes => {
-                            use base64::Engine as _;
-                            let raw = base64::engine::general_purpose::STANDARD
-                                .decode(s)
-                                .map_err(|e| format!("bytea element: {e}"))?;
-                            write_bytes(out, &raw);
-                        }
-                        other => write_scalar(out, other, s)?,
-                    }
-                }
-                other => {
-                    write_long(out, 1);
-                    write_scalar(out, element, &other.to_string())?;
-                }
-            }
-        }
-    }
-    write_long(out, 0);
-    Ok(())
 }
 
 impl AvroEncoder {
@@ -483,159 +232,28 @@ impl AvroEncoder {
         with_transaction: bool,
     ) -> Result<Self, SinkError> {
         Ok(AvroEncoder {
-            registry: RegistryClient::new(registry)?,
-            strategy: registry.subject_name_strategy,
+            registrar: Registrar::new(registry, SchemaType::Avro)?,
             placeholder: placeholder.to_owned(),
             with_transaction,
-            topics: HashMap::new(),
+            schemas: SchemaCache::default(),
         })
     }
 
-    fn subject(&self, topic: &str, is_key: bool, record_name: &str) -> String {
-        match self.strategy {
-            SubjectNameStrategy::Topic => {
-                format!("{topic}-{}", if is_key { "key" } else { "value" })
-            }
-            SubjectNameStrategy::Record => record_name.to_owned(),
-            SubjectNameStrategy::TopicRecord => format!("{topic}-{record_name}"),
-        }
-    }
-
-    async fn register(
-        &mut self,
-        topic: &str,
-        is_key: bool,
-        schema: &Value,
-    ) -> Result<i32, SinkError> {
-        let record_name = format!(
-            "{}.{}",
-            schema["namespace"].as_str().unwrap_or_default(),
-            schema["name"].as_str().unwrap_or_default()
-        );
-        let subject = self.subject(topic, is_key, &record_name);
-        Ok(self
-            .registry
-            .register(&subject, &schema.to_string(), SchemaType::Avro)
-            .await?)
-    }
-
-    /// The schemas of `topic` for `relation`, registered the first time.
     async fn schemas(
         &mut self,
         topic: &str,
         relation: &Relation,
         keys: Option<&KeyColumns>,
     ) -> Result<Arc<TopicSchemas>, SinkError> {
-        if let Some(cached) = self.topics.get(topic)
-            && cached.relation == *relation
-            && (keys.is_none() || cached.keys.as_ref() == keys.map(|k| &k.0))
-        {
-            return Ok(cached.clone());
-        }
-        let namespace = namespace(topic);
-        let value_fields = fields(relation, 0..relation.columns.len());
-        let value = record_schema("Value", &namespace, &value_fields);
-        let envelope = envelope_schema(&namespace, value, self.with_transaction);
-        let envelope_id = self.register(topic, false, &envelope).await?;
-        let key_indexes = keys
-            .map(|k| k.0.clone())
-            .or_else(|| self.topics.get(topic).and_then(|c| c.keys.clone()));
-        let key_fields = key_indexes
-            .as_ref()
-            .map(|k| fields(relation, k.iter().copied()))
-            .unwrap_or_default();
-        let key_id = match &key_indexes {
-            Some(_) => {
-                let schema = record_schema("Key", &namespace, &key_fields);
-                Some(self.register(topic, true, &schema).await?)
-            }
-            None => None,
+        let format = AvroSchemas {
+            with_transaction: self.with_transaction,
         };
-        let made = Arc::new(TopicSchemas {
-            relation: relation.clone(),
-            keys: key_indexes,
-            value_fields,
-            key_fields,
-            key_id,
-            envelope_id,
-        });
-        self.topics.insert(topic.to_owned(), made.clone());
-        Ok(made)
+        self.schemas
+            .schemas(&mut self.registrar, &format, topic, relation, keys)
+            .await
     }
 
-    /// Writes one field's value from `row`.
-    fn write_field(
-        &self,
-        out: &mut Vec<u8>,
-        field: &Field,
-        relation: &Relation,
-        datum: Option<&Datum>,
-    ) -> Result<(), SinkError> {
-        let column = &relation.columns[field.column];
-        let fail = |reason: String| SinkError::Encode {
-            table: table_name(relation),
-            reason: format!(
-                "column {} ({}): {reason}",
-                column.name,
-                column.type_display()
-            ),
-        };
-        let present = match datum {
-            None | Some(Datum::Null) => None,
-            Some(Datum::UnchangedToast) => match &field.ty {
-                AvroType::String | AvroType::Bytes => {
-                    Some(Cow::Borrowed(self.placeholder.as_str()))
-                }
-                AvroType::Array(element) if **element == AvroType::String => {
-                    if field.nullable {
-                        write_long(out, 1);
-                    }
-                    write_long(out, 1);
-                    write_long(out, 1);
-                    write_bytes(out, self.placeholder.as_bytes());
-                    write_long(out, 0);
-                    return Ok(());
-                }
-                _ => None,
-            },
-            Some(datum) => Some(match (&field.ty, datum) {
-                (AvroType::Bytes, Datum::Binary(raw)) => {
-                    if field.nullable {
-                        write_long(out, 1);
-                    }
-                    write_bytes(out, raw);
-                    return Ok(());
-                }
-                (AvroType::Array(element), datum) => {
-                    let Value::Array(items) = datum_to_json(datum, &column.kind, &Value::Null)
-                    else {
-                        return Err(fail("not an array".into()));
-                    };
-                    if field.nullable {
-                        write_long(out, 1);
-                    }
-                    return write_array(out, element, &items).map_err(fail);
-                }
-                (_, datum) => scalar_text(datum, &column.kind).map_err(fail)?,
-            }),
-        };
-        match present {
-            None if field.nullable => write_long(out, 0),
-            None => return Err(fail("NULL in a column of the identity".into())),
-            Some(text) => {
-                if field.nullable {
-                    write_long(out, 1);
-                }
-                if let (AvroType::Bytes, Some(Datum::UnchangedToast)) = (&field.ty, datum) {
-                    write_bytes(out, text.as_bytes());
-                } else {
-                    write_scalar(out, &field.ty, &text).map_err(fail)?;
-                }
-            }
-        }
-        Ok(())
-    }
-
+    /// Writes a record of `fields` from `image`.
     fn write_record(
         &self,
         out: &mut Vec<u8>,
@@ -644,13 +262,36 @@ impl AvroEncoder {
         image: &RowImage<'_>,
     ) -> Result<(), SinkError> {
         for field in fields {
-            let column_is_key = relation.columns.get(field.column).is_some_and(|c| c.is_key);
-            let datum = if image.only_keys && !column_is_key {
-                None
-            } else {
-                image.row.get(field.column)
-            };
-            self.write_field(out, field, relation, datum)?;
+            let value = field_value(relation, field, image)?;
+            if field.nullable {
+                write_long(out, i64::from(value != FieldValue::Null));
+            }
+            match value {
+                FieldValue::Null => {}
+                FieldValue::Placeholder => {
+                    if let ColumnType::Array(_) = field.ty {
+                        write_long(out, 1);
+                        write_long(out, 1);
+                        write_bytes(out, self.placeholder.as_bytes());
+                        write_long(out, 0);
+                    } else {
+                        write_bytes(out, self.placeholder.as_bytes());
+                    }
+                }
+                FieldValue::Scalar(scalar) => write_scalar(out, &scalar),
+                FieldValue::Array(elements) => {
+                    if !elements.is_empty() {
+                        write_long(out, elements.len() as i64);
+                        for element in &elements {
+                            write_long(out, i64::from(element.is_some()));
+                            if let Some(scalar) = element {
+                                write_scalar(out, scalar);
+                            }
+                        }
+                    }
+                    write_long(out, 0);
+                }
+            }
         }
         Ok(())
     }
@@ -718,7 +359,15 @@ impl AvroEncoder {
         is_key: bool,
         schema: Value,
     ) -> Result<Vec<u8>, SinkError> {
-        let id = self.register(topic, is_key, &schema).await?;
+        let document = SchemaDocument {
+            name: format!(
+                "{}.{}",
+                schema["namespace"].as_str().unwrap_or_default(),
+                schema["name"].as_str().unwrap_or_default()
+            ),
+            text: schema.to_string(),
+        };
+        let id = self.registrar.register(topic, is_key, &document).await?;
         let mut out = Vec::with_capacity(64);
         wire_header(&mut out, id);
         Ok(out)
@@ -839,9 +488,11 @@ mod tests {
     use apache_avro::Schema;
     use apache_avro::types::Value as Avro;
     use bytes::Bytes;
-    use walbridge_core::Lsn;
+    use walbridge_core::{Column, Datum, Lsn, ReplicaIdentity, ValueKind};
 
     use super::*;
+    use crate::config::SubjectNameStrategy;
+    use crate::encode::columns::fields;
     use crate::event::Op;
 
     fn column(name: &str, kind: ValueKind, type_modifier: i32, is_key: bool) -> Column {
@@ -857,17 +508,6 @@ mod tests {
 
     fn text(s: &str) -> Datum {
         Datum::Text(Bytes::copy_from_slice(s.as_bytes()))
-    }
-
-    #[test]
-    fn decimals_are_twos_complement_unscaled() {
-        assert_eq!(decimal_bytes("1.50", 2), Some(vec![0x00, 0x96]));
-        assert_eq!(decimal_bytes("-1.50", 2), Some(vec![0xff, 0x6a]));
-        assert_eq!(decimal_bytes("0", 2), Some(vec![0x00]));
-        assert_eq!(decimal_bytes("-128", 0), Some(vec![0x80]));
-        assert_eq!(decimal_bytes("128", 0), Some(vec![0x00, 0x80]));
-        assert_eq!(decimal_bytes("1.5", 0), None);
-        assert_eq!(decimal_bytes("NaN", 2), None);
     }
 
     /// What the encoder writes is what apache-avro reads with the
@@ -906,20 +546,18 @@ mod tests {
             false,
         );
         let schema = Schema::parse_str(&envelope.to_string()).unwrap_or_else(|e| panic!("{e}"));
-        let encoder = AvroEncoder {
-            registry: RegistryClient::new(&SchemaRegistryConfig {
+        let encoder = AvroEncoder::new(
+            &SchemaRegistryConfig {
                 url: "http://127.0.0.1:1".into(),
                 username: None,
                 password: None,
                 ca_cert: None,
                 subject_name_strategy: SubjectNameStrategy::Topic,
-            })
-            .unwrap_or_else(|e| panic!("{e}")),
-            strategy: SubjectNameStrategy::Topic,
-            placeholder: "?".into(),
-            with_transaction: false,
-            topics: HashMap::new(),
-        };
+            },
+            "?",
+            false,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         let row = vec![
             text("7"),
             text("-12.34"),

@@ -1,6 +1,7 @@
 //! Encoders: events to message keys and values in the configured format.
 
 pub mod avro;
+mod columns;
 pub mod json;
 mod temporal;
 
