@@ -4,7 +4,11 @@ official Python client) and prints what it read as one JSON document:
     {"messages": [{"topic", "partition", "offset", "key", "value", "headers"}]}
 
 Keys and values are decoded as the sink's format says (`json`: parsed
-JSON; a null key or value stays null). Reading stops once `--expect`
+JSON; `avro` and `protobuf`: confluent-kafka's deserializers with the
+registry, every field of a Protobuf message listed, unset ones as null; a
+null key or value stays null). Protobuf message classes are made the way a
+consumer makes them: the subject's latest schema text, compiled by protoc
+(grpcio-tools). Reading stops once `--expect`
 messages arrived and no more came for `--settle` seconds, or at
 `--timeout` (what arrived by then is printed; the caller judges).
 """
@@ -37,20 +41,100 @@ def plain(value):
     return value
 
 
+def proto_plain(message):
+    """A Protobuf message as JSON: every field (unset ones null),
+    timestamps and decimals as their ISO/decimal text, bytes as base64."""
+    from confluent_kafka.schema_registry.protobuf import protobuf_to_decimal
+
+    name = message.DESCRIPTOR.full_name
+    if name == "google.protobuf.Timestamp":
+        return message.ToDatetime(tzinfo=datetime.timezone.utc).isoformat()
+    if name == "confluent.type.Decimal":
+        return str(protobuf_to_decimal(message))
+    result = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.is_repeated:
+            result[field.name] = [
+                proto_plain(v) if field.message_type else plain(v) for v in value
+            ]
+        elif field.has_presence and not message.HasField(field.name):
+            result[field.name] = None
+        elif field.message_type:
+            result[field.name] = proto_plain(value)
+        else:
+            result[field.name] = plain(value)
+    return result
+
+
+def protoc_message_class(registry, subject, message_name):
+    """The class of `message_name` in the latest schema of `subject`,
+    compiled from its text by protoc, as a consumer's build would."""
+    import os
+    import subprocess
+    import tempfile
+
+    import grpc_tools
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.confluent.type import decimal_pb2
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    schema = SchemaRegistryClient({"url": registry}).get_latest_version(subject).schema
+    with tempfile.TemporaryDirectory() as work:
+        with open(os.path.join(work, "schema.proto"), "w") as f:
+            f.write(schema.schema_str)
+        builtins = descriptor_pb2.FileDescriptorSet()
+        decimal_pb2.DESCRIPTOR.CopyToProto(builtins.file.add())
+        with open(os.path.join(work, "builtins.pb"), "wb") as f:
+            f.write(builtins.SerializeToString())
+        compiled = os.path.join(work, "schema.pb")
+        include = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
+        subprocess.run(
+            [sys.executable, "-m", "grpc_tools.protoc", f"-I{work}", f"-I{include}",
+             f"--descriptor_set_in={os.path.join(work, 'builtins.pb')}",
+             "--include_imports", f"--descriptor_set_out={compiled}", "schema.proto"],
+            check=True,
+        )
+        files = descriptor_pb2.FileDescriptorSet()
+        with open(compiled, "rb") as f:
+            files.ParseFromString(f.read())
+    pool = descriptor_pool.DescriptorPool()
+    for file in files.file:
+        pool.Add(file)
+    package = next(f.package for f in files.file if f.name == "schema.proto")
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.{message_name}"))
+
+
 def decoder(fmt, registry, field):
     if fmt == "json":
         return lambda data, message: None if data is None else json.loads(data)
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    deserializer = AvroDeserializer(SchemaRegistryClient({"url": registry}))
+    client = SchemaRegistryClient({"url": registry})
+    if fmt == "avro":
+        avro = AvroDeserializer(client)
+        deserializer = lambda data, topic: plain(avro(data, SerializationContext(topic, field)))
+    else:
+        protobuf = {}
+
+        def deserializer(data, topic):
+            # The class is made from the latest schema when the topic's
+            # first message arrives; older messages decode with it too.
+            if topic not in protobuf:
+                is_key = field == MessageField.KEY
+                message_class = protoc_message_class(
+                    registry, f"{topic}-{'key' if is_key else 'value'}", "Key" if is_key else "Envelope"
+                )
+                protobuf[topic] = ProtobufDeserializer(message_class, {}, schema_registry_client=client)
+            return proto_plain(protobuf[topic](data, SerializationContext(topic, field)))
 
     def decode(data, message):
         if data is None:
             return None
-        context = SerializationContext(message.topic(), field)
-        return plain(deserializer(data, context))
+        return deserializer(data, message.topic())
 
     return decode
 

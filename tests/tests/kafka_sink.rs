@@ -468,46 +468,64 @@ fn an_oversized_message_stops_the_sink_naming_topic_table_and_key() {
     assert_eq!(messages.len(), 1);
 }
 
-#[test]
-fn avro_events_through_the_embedded_registry() {
-    let p = Pipeline::new(
-        "CREATE TYPE mood AS ENUM ('sad', 'happy');
-         CREATE TABLE kinds (
-             id int8 PRIMARY KEY, small int2, flag bool, price numeric(12,3), ratio float8,
-             label text, raw bytea, day date, at_time time, at timestamp, at_tz timestamptz,
-             uid uuid, doc jsonb, tags text[], nums int4[], feeling mood, free numeric
-         );
-         INSERT INTO kinds VALUES (1, -7, true, 1234.5, 0.25, 'é', '\\x00ff', '2024-05-06', '07:08:09.5',
-             '2024-05-06 07:08:09.123456', '2024-05-06 07:08:09.123456+02', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11',
-             '{\"k\": [1, 2]}', '{a,NULL,\"b c\"}', '{1,2}', 'happy', 'NaN');
-         CREATE PUBLICATION pub FOR TABLE kinds;",
-    );
+/// A table of the type list, in one row, for the schema formats.
+const KINDS_DDL: &str = "CREATE TYPE mood AS ENUM ('sad', 'happy');
+     CREATE TABLE kinds (
+         id int8 PRIMARY KEY, small int2, flag bool, price numeric(12,3), ratio float8,
+         label text, raw bytea, day date, at_time time, at timestamp, at_tz timestamptz,
+         uid uuid, doc jsonb, tags text[], nums int4[], feeling mood, free numeric
+     );
+     CREATE PUBLICATION pub FOR TABLE kinds;";
+
+/// A pipeline whose kafka sink writes `format` with the embedded registry
+/// it serves, started; the registry's URL.
+fn with_embedded_registry(format: &str, rows: &str) -> (Pipeline, String) {
+    let p = Pipeline::new(&format!("{KINDS_DDL}\n{rows}"));
     let registry_port = walbridge_tests::free_port();
-    let registry = format!("http://127.0.0.1:{registry_port}");
     p.wb.configure_sinks(
         &p.publisher.superuser(),
         &["pub"],
         "",
         &format!(
-            "[schema_registry]\nlisten = \"127.0.0.1:{registry_port}\"\n\n[[sink]]\nname = \"events\"\ntype = \"kafka\"\nbrokers = \"{}\"\nformat = \"avro\"\n",
+            "[schema_registry]\nlisten = \"127.0.0.1:{registry_port}\"\n\n[[sink]]\nname = \"events\"\ntype = \"kafka\"\nbrokers = \"{}\"\nformat = \"{format}\"\n",
             p.broker.bootstrap()
         ),
     );
+    (p, format!("http://127.0.0.1:{registry_port}"))
+}
+
+/// Reads `topic` with `format`'s deserializers and the registry.
+fn read_registered(
+    p: &Pipeline,
+    registry: &str,
+    format: &str,
+    topic: &str,
+    expect: usize,
+) -> walbridge_tests::kafka::ConsumeResult {
+    walbridge_tests::kafka::consume_with_registry(
+        &p.broker.bootstrap(),
+        &ConsumeOptions {
+            topics: &[topic],
+            format,
+            expect,
+            timeout: WAIT,
+            registry: Some(registry),
+            read_committed: false,
+        },
+    )
+}
+
+#[test]
+fn avro_events_through_the_embedded_registry() {
+    let (p, registry) = with_embedded_registry(
+        "avro",
+        "INSERT INTO kinds VALUES (1, -7, true, 1234.5, 0.25, 'é', '\\x00ff', '2024-05-06', '07:08:09.5',
+             '2024-05-06 07:08:09.123456', '2024-05-06 07:08:09.123456+02', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11',
+             '{\"k\": [1, 2]}', '{a,NULL,\"b c\"}', '{1,2}', 'happy', 'NaN');",
+    );
     let running = p.wb.start();
     let topic = "src.public.kinds";
-    let read = |expect: usize| {
-        walbridge_tests::kafka::consume_with_registry(
-            &p.broker.bootstrap(),
-            &ConsumeOptions {
-                topics: &[topic],
-                format: "avro",
-                expect,
-                timeout: WAIT,
-                registry: Some(&registry),
-                read_committed: false,
-            },
-        )
-    };
+    let read = |expect: usize| read_registered(&p, &registry, "avro", topic, expect);
     let first = read(1);
     let snapshot = &first.messages[0];
     assert_eq!(snapshot.key, json!({"id": 1}));
@@ -569,4 +587,75 @@ fn avro_events_through_the_embedded_registry() {
     p.publisher.psql("INSERT INTO kinds (id) VALUES (3)");
     let again = read(6);
     assert_eq!(again.subjects[format!("{topic}-value")], json!([1, 2]));
+}
+
+#[test]
+fn protobuf_events_through_the_embedded_registry() {
+    let (p, registry) = with_embedded_registry(
+        "protobuf",
+        "INSERT INTO kinds VALUES (1, -7, true, -1234.5, 0.25, 'é', '\\x00ff', '2024-05-06', '07:08:09.5',
+             '2024-05-06 07:08:09.123456', '2024-05-06 07:08:09.123456+02', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11',
+             '{\"k\": [1, 2]}', '{a,\"b c\"}', '{1,-2}', 'happy', 'NaN');
+         INSERT INTO kinds (id, day, at_tz, tags) VALUES (2, 'infinity', '-infinity', '{}');",
+    );
+    let _running = p.wb.start();
+    let topic = "src.public.kinds";
+    let read = |expect: usize| read_registered(&p, &registry, "protobuf", topic, expect);
+    let first = read(2);
+    let keys = by_key(&first.messages);
+    let full = &keys[&json!({"id": 1}).to_string()][0];
+    assert_eq!(full.value["op"], "r");
+    assert_eq!(full.value["before"], Value::Null);
+    assert_eq!(full.value["source"]["snapshot"], "true");
+    assert_eq!(full.value["source"]["table"], "kinds");
+    assert_eq!(
+        full.value["after"],
+        json!({
+            "id": 1, "small": -7, "flag": true, "price": "-1234.500", "ratio": 0.25,
+            "label": "é", "raw": "AP8=", "day": 19_849, "at_time": 25_689_500_000_i64,
+            "at": "2024-05-06T07:08:09.123456+00:00", "at_tz": "2024-05-06T05:08:09.123456+00:00",
+            "uid": "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "doc": "{\"k\": [1, 2]}",
+            "tags": ["a", "b c"], "nums": [1, -2], "feeling": "happy", "free": "NaN"
+        })
+    );
+    let sparse = &keys[&json!({"id": 2}).to_string()][0].value["after"];
+    assert_eq!(sparse["small"], Value::Null);
+    assert_eq!(sparse["price"], Value::Null);
+    assert_eq!(sparse["day"], i64::from(i32::MAX));
+    assert_eq!(sparse["at_tz"], "0001-01-01T00:00:00+00:00");
+    assert_eq!(sparse["tags"], json!([]));
+
+    // A column added on the publisher registers a new version; older
+    // messages decode with the newer class.
+    p.publisher.psql(
+        "ALTER TABLE kinds ADD COLUMN note text;
+         INSERT INTO kinds (id, note) VALUES (3, 'new');
+         UPDATE kinds SET label = 'changed' WHERE id = 1;
+         DELETE FROM kinds WHERE id = 3;",
+    );
+    let all = read(2 + 4);
+    let keys = by_key(&all.messages);
+    let third = &keys[&json!({"id": 3}).to_string()];
+    assert_eq!(ops(third), ["c", "d", "tombstone"], "{:#?}", all.messages);
+    assert_eq!(third[0].value["after"]["note"], "new");
+    assert_eq!(third[1].value["before"]["id"], 3);
+    assert_eq!(third[1].value["after"], Value::Null);
+    let first_row = &keys[&json!({"id": 1}).to_string()];
+    assert_eq!(first_row[0].value["after"]["note"], Value::Null);
+    assert_eq!(first_row[1].value["op"], "u");
+    assert_eq!(first_row[1].value["after"]["label"], "changed");
+    assert_eq!(all.subjects[format!("{topic}-value")], json!([1, 2]));
+    assert_eq!(all.subjects[format!("{topic}-key")], json!([1]));
+
+    // An array with a NULL element has no Protobuf form: the sink stops
+    // naming table and column, and nothing after it is sent.
+    p.publisher.psql(
+        "INSERT INTO kinds (id, nums) VALUES (4, '{1,NULL}'); INSERT INTO kinds (id) VALUES (5);",
+    );
+    let log = wait_for_log(&p.wb, "an array with NULL elements");
+    assert!(
+        log.contains("public.kinds") && log.contains("nums"),
+        "{log}"
+    );
+    assert_eq!(read(6).messages.len(), 6);
 }

@@ -20,6 +20,16 @@ pub enum Format {
     Protobuf,
 }
 
+impl std::fmt::Display for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Format::Json => "json",
+            Format::Avro => "avro",
+            Format::Protobuf => "protobuf",
+        })
+    }
+}
+
 /// How the subjects schemas are registered under are named.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -257,17 +267,11 @@ impl KafkaSinkConfig {
                 at("json_schemas")
             ));
         }
-        if self.format == Format::Protobuf {
-            problems.push(format!(
-                "{}: \"protobuf\" is not available yet in this build; use \"json\" or \"avro\"",
-                at("format"),
-            ));
-        }
         if self.format != Format::Json && self.schema_registry.is_none() {
             problems.push(format!(
                 "{}: format = \"{}\" needs a schema registry: set it to the registry's URL, or serve one with [schema_registry] listen = \"127.0.0.1:8081\"",
                 at("schema_registry"),
-                if self.format == Format::Avro { "avro" } else { "protobuf" }
+                self.format
             ));
         }
         if let Some(registry) = &self.schema_registry {

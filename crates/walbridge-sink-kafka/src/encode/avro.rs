@@ -32,14 +32,13 @@
 //! strings) and null otherwise.
 
 use std::borrow::Cow;
-use std::sync::Arc;
 
 use serde_json::{Value, json};
 use walbridge_core::{LogicalMessage, PgTimestamp, Relation, Row};
 
 use super::columns::{
-    ColumnType, Field, FieldValue, RecordSchemas, Registrar, Scalar, SchemaCache, SchemaDocument,
-    TopicSchemas, field_value, namespace,
+    ColumnType, Field, FieldValue, RecordSchemas, Scalar, SchemaDocument, SchemaState, field_value,
+    namespace,
 };
 use super::json::{CONNECTOR, VERSION};
 use crate::config::SchemaRegistryConfig;
@@ -77,10 +76,7 @@ fn avro_type(ty: &ColumnType) -> Value {
 
 /// Encodes events as Avro and registers their schemas.
 pub struct AvroEncoder {
-    registrar: Registrar,
-    placeholder: String,
-    with_transaction: bool,
-    schemas: SchemaCache,
+    state: SchemaState<AvroSchemas>,
 }
 
 /// The Avro schemas of a relation's rows.
@@ -232,25 +228,13 @@ impl AvroEncoder {
         with_transaction: bool,
     ) -> Result<Self, SinkError> {
         Ok(AvroEncoder {
-            registrar: Registrar::new(registry, SchemaType::Avro)?,
-            placeholder: placeholder.to_owned(),
-            with_transaction,
-            schemas: SchemaCache::default(),
+            state: SchemaState::new(
+                registry,
+                SchemaType::Avro,
+                placeholder,
+                AvroSchemas { with_transaction },
+            )?,
         })
-    }
-
-    async fn schemas(
-        &mut self,
-        topic: &str,
-        relation: &Relation,
-        keys: Option<&KeyColumns>,
-    ) -> Result<Arc<TopicSchemas>, SinkError> {
-        let format = AvroSchemas {
-            with_transaction: self.with_transaction,
-        };
-        self.schemas
-            .schemas(&mut self.registrar, &format, topic, relation, keys)
-            .await
     }
 
     /// Writes a record of `fields` from `image`.
@@ -272,10 +256,10 @@ impl AvroEncoder {
                     if let ColumnType::Array(_) = field.ty {
                         write_long(out, 1);
                         write_long(out, 1);
-                        write_bytes(out, self.placeholder.as_bytes());
+                        write_bytes(out, self.state.placeholder.as_bytes());
                         write_long(out, 0);
                     } else {
-                        write_bytes(out, self.placeholder.as_bytes());
+                        write_bytes(out, self.state.placeholder.as_bytes());
                     }
                 }
                 FieldValue::Scalar(scalar) => write_scalar(out, &scalar),
@@ -304,7 +288,7 @@ impl AvroEncoder {
         keys: &KeyColumns,
         row: &Row,
     ) -> Result<Vec<u8>, SinkError> {
-        let schemas = self.schemas(topic, relation, Some(keys)).await?;
+        let schemas = self.state.schemas(topic, relation, Some(keys)).await?;
         let mut out = Vec::with_capacity(32);
         wire_header(&mut out, schemas.key_id.unwrap_or_default());
         let image = RowImage {
@@ -322,7 +306,7 @@ impl AvroEncoder {
         event: &ChangeEvent<'_>,
     ) -> Result<Vec<u8>, SinkError> {
         let relation = event.relation;
-        let schemas = self.schemas(topic, relation, None).await?;
+        let schemas = self.state.schemas(topic, relation, None).await?;
         let mut out = Vec::with_capacity(256);
         wire_header(&mut out, schemas.envelope_id);
         for image in [&event.before, &event.after] {
@@ -339,7 +323,7 @@ impl AvroEncoder {
         let now = PgTimestamp::now().unix_micros();
         write_optional_long(&mut out, Some(now.div_euclid(1000)));
         write_optional_long(&mut out, Some(now));
-        if self.with_transaction {
+        if self.state.format.with_transaction {
             match &event.transaction {
                 Some(t) => {
                     write_long(&mut out, 1);
@@ -367,7 +351,7 @@ impl AvroEncoder {
             ),
             text: schema.to_string(),
         };
-        let id = self.registrar.register(topic, is_key, &document).await?;
+        let id = self.state.register(topic, is_key, &document).await?;
         let mut out = Vec::with_capacity(64);
         wire_header(&mut out, id);
         Ok(out)
@@ -487,57 +471,26 @@ fn write_source(out: &mut Vec<u8>, source: &SourceBlock<'_>) {
 mod tests {
     use apache_avro::Schema;
     use apache_avro::types::Value as Avro;
-    use bytes::Bytes;
-    use walbridge_core::{Column, Datum, Lsn, ReplicaIdentity, ValueKind};
+    use walbridge_core::{Datum, ValueKind};
 
     use super::*;
-    use crate::config::SubjectNameStrategy;
     use crate::encode::columns::fields;
+    use crate::encode::fixtures::{array_of, column, registry, relation, source, text};
     use crate::event::Op;
-
-    fn column(name: &str, kind: ValueKind, type_modifier: i32, is_key: bool) -> Column {
-        Column {
-            name: name.into(),
-            type_oid: 0,
-            type_modifier,
-            type_name: String::new(),
-            kind,
-            is_key,
-        }
-    }
-
-    fn text(s: &str) -> Datum {
-        Datum::Text(Bytes::copy_from_slice(s.as_bytes()))
-    }
 
     /// What the encoder writes is what apache-avro reads with the
     /// generated schema.
     #[test]
     fn envelopes_decode_with_their_schema() {
-        let relation = Relation {
-            id: 1,
-            schema: "public".into(),
-            name: "t".into(),
-            replica_identity: ReplicaIdentity::Default,
-            columns: vec![
-                column("id", ValueKind::Int4, -1, true),
-                column("price", ValueKind::Numeric, (10 << 16 | 2) + 4, false),
-                column("at", ValueKind::TimestampTz, -1, false),
-                column("day", ValueKind::Date, -1, false),
-                column("doc", ValueKind::Text, -1, false),
-                column(
-                    "tags",
-                    ValueKind::Array {
-                        element: Box::new(ValueKind::Int8),
-                        delimiter: b',',
-                    },
-                    -1,
-                    false,
-                ),
-                column("data-1", ValueKind::Bytea, -1, false),
-            ],
-            partition_root: None,
-        };
+        let relation = relation(vec![
+            column("id", ValueKind::Int4, -1, true),
+            column("price", ValueKind::Numeric, (10 << 16 | 2) + 4, false),
+            column("at", ValueKind::TimestampTz, -1, false),
+            column("day", ValueKind::Date, -1, false),
+            column("doc", ValueKind::Text, -1, false),
+            column("tags", array_of(ValueKind::Int8), -1, false),
+            column("data-1", ValueKind::Bytea, -1, false),
+        ]);
         let namespace = namespace("src.public.t");
         let value_fields = fields(&relation, 0..relation.columns.len());
         let envelope = envelope_schema(
@@ -546,18 +499,7 @@ mod tests {
             false,
         );
         let schema = Schema::parse_str(&envelope.to_string()).unwrap_or_else(|e| panic!("{e}"));
-        let encoder = AvroEncoder::new(
-            &SchemaRegistryConfig {
-                url: "http://127.0.0.1:1".into(),
-                username: None,
-                password: None,
-                ca_cert: None,
-                subject_name_strategy: SubjectNameStrategy::Topic,
-            },
-            "?",
-            false,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let encoder = AvroEncoder::new(&registry(), "?", false).unwrap_or_else(|e| panic!("{e}"));
         let row = vec![
             text("7"),
             text("-12.34"),
@@ -578,17 +520,7 @@ mod tests {
                 row: Cow::Borrowed(&row),
                 only_keys: false,
             }),
-            source: SourceBlock {
-                name: "src",
-                database: "db",
-                schema: Some("public"),
-                table: Some("t"),
-                lsn: Lsn(42),
-                commit_lsn: Some(Lsn(50)),
-                xid: Some(9),
-                ts_us: 1_000_000,
-                snapshot: false,
-            },
+            source: source(),
             transaction: None,
         };
         let mut out = Vec::new();

@@ -379,7 +379,7 @@ pub(super) struct SchemaDocument {
 }
 
 /// Registers a format's schemas under the subjects the strategy names.
-pub(super) struct Registrar {
+struct Registrar {
     registry: RegistryClient,
     strategy: SubjectNameStrategy,
     schema_type: SchemaType,
@@ -387,10 +387,7 @@ pub(super) struct Registrar {
 
 impl Registrar {
     /// A registrar of `schema_type` schemas with `config`'s registry.
-    pub(super) fn new(
-        config: &SchemaRegistryConfig,
-        schema_type: SchemaType,
-    ) -> Result<Self, SinkError> {
+    fn new(config: &SchemaRegistryConfig, schema_type: SchemaType) -> Result<Self, SinkError> {
         Ok(Registrar {
             registry: RegistryClient::new(config)?,
             strategy: config.subject_name_strategy,
@@ -409,7 +406,7 @@ impl Registrar {
     }
 
     /// The id of `schema`, the key's or value's of `topic`.
-    pub(super) async fn register(
+    async fn register(
         &mut self,
         topic: &str,
         is_key: bool,
@@ -445,20 +442,51 @@ pub(super) trait RecordSchemas {
     fn key(&self, topic: &str, fields: &[Field]) -> SchemaDocument;
 }
 
-/// The schemas registered per topic, for the latest relation descriptor.
-#[derive(Default)]
-pub(super) struct SchemaCache {
+/// What an encoder of a schema format keeps: where it registers, the
+/// format's schemas, the TOAST placeholder, and the schemas registered per
+/// topic for the latest relation descriptor.
+pub(super) struct SchemaState<F> {
+    registrar: Registrar,
+    /// The format's schemas.
+    pub format: F,
+    /// Written for unchanged TOASTed values.
+    pub placeholder: String,
     topics: HashMap<String, Arc<TopicSchemas>>,
 }
 
-impl SchemaCache {
+impl<F: RecordSchemas> SchemaState<F> {
+    /// The state of an encoder of `format`, registering `schema_type`
+    /// schemas with `config`'s registry.
+    pub(super) fn new(
+        config: &SchemaRegistryConfig,
+        schema_type: SchemaType,
+        placeholder: &str,
+        format: F,
+    ) -> Result<Self, SinkError> {
+        Ok(SchemaState {
+            registrar: Registrar::new(config, schema_type)?,
+            format,
+            placeholder: placeholder.to_owned(),
+            topics: HashMap::new(),
+        })
+    }
+
+    /// Registers a schema that does not depend on a relation (the
+    /// transaction and message topics').
+    pub(super) async fn register(
+        &mut self,
+        topic: &str,
+        is_key: bool,
+        schema: &SchemaDocument,
+    ) -> Result<i32, SinkError> {
+        self.registrar.register(topic, is_key, schema).await
+    }
+
     /// The schemas of `topic` for `relation` (with a key schema when
     /// `keys` is given), registered the first time and again when the
     /// descriptor changes.
     pub(super) async fn schemas(
         &mut self,
-        registrar: &mut Registrar,
-        format: &impl RecordSchemas,
         topic: &str,
         relation: &Relation,
         keys: Option<&KeyColumns>,
@@ -470,8 +498,9 @@ impl SchemaCache {
             return Ok(cached.clone());
         }
         let value_fields = fields(relation, 0..relation.columns.len());
-        let envelope_id = registrar
-            .register(topic, false, &format.envelope(topic, &value_fields))
+        let envelope_id = self
+            .registrar
+            .register(topic, false, &self.format.envelope(topic, &value_fields))
             .await?;
         let key_indexes = keys
             .map(|k| k.0.clone())
@@ -482,8 +511,8 @@ impl SchemaCache {
             .unwrap_or_default();
         let key_id = match &key_indexes {
             Some(_) => Some(
-                registrar
-                    .register(topic, true, &format.key(topic, &key_fields))
+                self.registrar
+                    .register(topic, true, &self.format.key(topic, &key_fields))
                     .await?,
             ),
             None => None,

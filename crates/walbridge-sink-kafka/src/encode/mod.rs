@@ -2,7 +2,10 @@
 
 pub mod avro;
 mod columns;
+#[cfg(test)]
+mod fixtures;
 pub mod json;
+pub mod protobuf;
 mod temporal;
 
 use walbridge_core::{LogicalMessage, Relation, Row};
@@ -17,6 +20,8 @@ pub enum Encoder {
     Json(json::JsonEncoder),
     /// `format = "avro"`.
     Avro(Box<avro::AvroEncoder>),
+    /// `format = "protobuf"`.
+    Protobuf(Box<protobuf::ProtobufEncoder>),
 }
 
 impl Encoder {
@@ -29,26 +34,32 @@ impl Encoder {
                 config.json_schemas,
                 with_transaction,
             ))),
-            Format::Avro => {
+            Format::Avro | Format::Protobuf => {
                 let registry = config
                     .schema_registry
                     .as_ref()
                     .map(|r| r.config())
                     .ok_or_else(|| {
-                        SinkError::Config(
-                            "format = \"avro\" needs a schema registry: set `schema_registry` on the sink, or serve one with [schema_registry] listen".into(),
-                        )
+                        SinkError::Config(format!(
+                            "format = \"{}\" needs a schema registry: set `schema_registry` on the sink, or serve one with [schema_registry] listen",
+                            config.format
+                        ))
                     })?;
-                Ok(Encoder::Avro(Box::new(avro::AvroEncoder::new(
-                    &registry,
-                    &config.unchanged_toast_placeholder,
-                    with_transaction,
-                )?)))
+                let placeholder = &config.unchanged_toast_placeholder;
+                Ok(if config.format == Format::Avro {
+                    Encoder::Avro(Box::new(avro::AvroEncoder::new(
+                        &registry,
+                        placeholder,
+                        with_transaction,
+                    )?))
+                } else {
+                    Encoder::Protobuf(Box::new(protobuf::ProtobufEncoder::new(
+                        &registry,
+                        placeholder,
+                        with_transaction,
+                    )?))
+                })
             }
-            Format::Protobuf => Err(SinkError::Config(
-                "`format` = \"protobuf\" is not available in this build; use \"json\" or \"avro\""
-                    .into(),
-            )),
         }
     }
 
@@ -63,6 +74,7 @@ impl Encoder {
         match self {
             Encoder::Json(e) => Ok(e.key(topic, relation, keys, row)),
             Encoder::Avro(e) => e.key(topic, relation, keys, row).await,
+            Encoder::Protobuf(e) => e.key(topic, relation, keys, row).await,
         }
     }
 
@@ -75,6 +87,7 @@ impl Encoder {
         match self {
             Encoder::Json(e) => Ok(e.change(topic, event)),
             Encoder::Avro(e) => e.change(topic, event).await,
+            Encoder::Protobuf(e) => e.change(topic, event).await,
         }
     }
 
@@ -88,6 +101,7 @@ impl Encoder {
         match self {
             Encoder::Json(e) => Ok(e.transaction_key(topic, source, id)),
             Encoder::Avro(e) => e.transaction_key(topic, source, id).await,
+            Encoder::Protobuf(e) => e.transaction_key(topic, source, id).await,
         }
     }
 
@@ -101,6 +115,7 @@ impl Encoder {
         match self {
             Encoder::Json(e) => Ok(e.transaction(topic, source, record)),
             Encoder::Avro(e) => e.transaction(topic, source, record).await,
+            Encoder::Protobuf(e) => e.transaction(topic, source, record).await,
         }
     }
 
@@ -109,6 +124,7 @@ impl Encoder {
         match self {
             Encoder::Json(e) => Ok(e.message_key(topic, prefix)),
             Encoder::Avro(e) => e.message_key(topic, prefix).await,
+            Encoder::Protobuf(e) => e.message_key(topic, prefix).await,
         }
     }
 
@@ -122,6 +138,7 @@ impl Encoder {
         match self {
             Encoder::Json(e) => Ok(e.message(topic, source, message)),
             Encoder::Avro(e) => e.message(topic, source, message).await,
+            Encoder::Protobuf(e) => e.message(topic, source, message).await,
         }
     }
 }

@@ -3,9 +3,11 @@
 //! without one.
 
 pub mod client;
+pub mod protobuf;
 pub mod server;
 pub mod store;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use apache_avro::Schema;
@@ -122,11 +124,16 @@ impl RegistryError {
 }
 
 /// The form two schemas are compared in: Avro's parsing canonical form,
-/// other types' text without surrounding space.
-pub fn normalize(schema: &StoredSchema) -> Result<String, RegistryError> {
+/// Protobuf's serialized descriptor (compiled with `imports`, the schemas
+/// it imports by name), JSON schemas' text without surrounding space.
+pub fn normalize(
+    schema: &StoredSchema,
+    imports: &HashMap<String, String>,
+) -> Result<String, RegistryError> {
     match schema.schema_type {
         SchemaType::Avro => parse_avro(&schema.schema).map(|s| s.canonical_form()),
-        SchemaType::Protobuf | SchemaType::Json => Ok(schema.schema.trim().to_owned()),
+        SchemaType::Protobuf => protobuf::serialized(&schema.schema, imports),
+        SchemaType::Json => Ok(schema.schema.trim().to_owned()),
     }
 }
 

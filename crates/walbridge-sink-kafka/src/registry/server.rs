@@ -4,12 +4,13 @@
 //! `POST /subjects/{s}/versions`, `POST /subjects/{s}`,
 //! `GET /schemas/ids/{id}`, `GET /subjects`, `GET /subjects/{s}/versions`,
 //! `GET /subjects/{s}/versions/{v|latest}`, `GET|PUT /config`,
-//! `GET|PUT /config/{s}`.
+//! `GET|PUT /config/{s}`. The `GET`s of a schema take `?format=serialized`,
+//! which gives a Protobuf schema as its base64 serialized descriptor.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use axum::extract::{Path as UrlPath, State};
+use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -87,19 +88,36 @@ struct ConfigRequest {
     compatibility: Compatibility,
 }
 
+/// The query of the `GET`s that answer with a schema.
+#[derive(Deserialize)]
+struct SchemaQuery {
+    /// `serialized`: a Protobuf schema as its descriptor.
+    format: Option<String>,
+}
+
 /// The description of a schema: `schemaType` is left out for Avro, as
 /// Confluent's registry does.
-fn schema_fields(schema: &StoredSchema, into: &mut serde_json::Map<String, Value>) {
-    into.insert("schema".into(), Value::String(schema.schema.clone()));
+fn schema_fields(
+    store: &Store,
+    schema: &StoredSchema,
+    query: &SchemaQuery,
+    into: &mut serde_json::Map<String, Value>,
+) -> std::result::Result<(), RegistryError> {
+    let text = match (schema.schema_type, query.format.as_deref()) {
+        (SchemaType::Protobuf, Some("serialized")) => store.normalize(schema)?,
+        _ => schema.schema.clone(),
+    };
+    into.insert("schema".into(), Value::String(text));
     if schema.schema_type != SchemaType::Avro {
         into.insert("schemaType".into(), json!(schema.schema_type));
     }
     if !schema.references.is_empty() {
         into.insert("references".into(), json!(schema.references));
     }
+    Ok(())
 }
 
-fn version_answer(store: &Store, subject: &str, version: &Version) -> Result {
+fn version_answer(store: &Store, subject: &str, version: &Version, query: &SchemaQuery) -> Result {
     let schema = store
         .schema(version.id)
         .ok_or(RegistryError::SchemaNotFound(version.id))?;
@@ -107,7 +125,7 @@ fn version_answer(store: &Store, subject: &str, version: &Version) -> Result {
     fields.insert("subject".into(), json!(subject));
     fields.insert("id".into(), json!(version.id));
     fields.insert("version".into(), json!(version.version));
-    schema_fields(schema, &mut fields);
+    schema_fields(store, schema, query, &mut fields)?;
     ok(Value::Object(fields))
 }
 
@@ -130,14 +148,18 @@ async fn lookup(
         .lookup(&subject, &request.into())?
         .ok_or(RegistryError::SchemaNotRegistered)?;
     let version = store.version(&subject, Some(found.version))?.clone();
-    version_answer(&store, &subject, &version)
+    version_answer(&store, &subject, &version, &SchemaQuery { format: None })
 }
 
-async fn schema_by_id(State(store): State<Shared>, UrlPath(id): UrlPath<i32>) -> Result {
+async fn schema_by_id(
+    State(store): State<Shared>,
+    UrlPath(id): UrlPath<i32>,
+    Query(query): Query<SchemaQuery>,
+) -> Result {
     let store = lock(&store);
     let schema = store.schema(id).ok_or(RegistryError::SchemaNotFound(id))?;
     let mut fields = serde_json::Map::new();
-    schema_fields(schema, &mut fields);
+    schema_fields(&store, schema, &query, &mut fields)?;
     ok(Value::Object(fields))
 }
 
@@ -158,6 +180,7 @@ async fn versions(State(store): State<Shared>, UrlPath(subject): UrlPath<String>
 async fn version(
     State(store): State<Shared>,
     UrlPath((subject, version)): UrlPath<(String, String)>,
+    Query(query): Query<SchemaQuery>,
 ) -> Result {
     let wanted = match version.as_str() {
         "latest" | "-1" => None,
@@ -170,7 +193,7 @@ async fn version(
     };
     let store = lock(&store);
     let found = store.version(&subject, wanted)?.clone();
-    version_answer(&store, &subject, &found)
+    version_answer(&store, &subject, &found, &query)
 }
 
 async fn global_config(State(store): State<Shared>) -> Result {

@@ -2,7 +2,7 @@
 //! by id, compatibility settings; kept in one JSON file, replaced
 //! atomically on every change.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -192,17 +192,54 @@ impl Store {
         })
     }
 
+    /// The schemas `references` name, by the names they are imported as,
+    /// with the ones those reference in turn.
+    fn imports(&self, references: &[Reference]) -> Result<HashMap<String, String>, RegistryError> {
+        let mut imports = HashMap::new();
+        let mut pending: Vec<&Reference> = references.iter().collect();
+        while let Some(reference) = pending.pop() {
+            if imports.contains_key(&reference.name) {
+                continue;
+            }
+            let wanted = (reference.version != -1).then_some(reference.version);
+            let schema = self
+                .version(&reference.subject, wanted)
+                .ok()
+                .and_then(|v| self.schema(v.id))
+                .ok_or_else(|| {
+                    RegistryError::InvalidSchema(format!(
+                        "reference `{}` names version {} of subject `{}`, which is not registered",
+                        reference.name, reference.version, reference.subject
+                    ))
+                })?;
+            imports.insert(reference.name.clone(), schema.schema.clone());
+            pending.extend(&schema.references);
+        }
+        Ok(imports)
+    }
+
+    /// `schema` in the form two schemas are compared in (see
+    /// [`super::normalize`]); for Protobuf, the serialized descriptor
+    /// deserializers ask for.
+    pub fn normalize(&self, schema: &StoredSchema) -> Result<String, RegistryError> {
+        let imports = match schema.schema_type {
+            SchemaType::Protobuf => self.imports(&schema.references)?,
+            SchemaType::Avro | SchemaType::Json => HashMap::new(),
+        };
+        super::normalize(schema, &imports)
+    }
+
     /// Where `schema` is already registered under `subject`.
     pub fn lookup(
         &self,
         subject: &str,
         schema: &StoredSchema,
     ) -> Result<Option<Registered>, RegistryError> {
-        let wanted = super::normalize(schema)?;
+        let wanted = self.normalize(schema)?;
         for version in self.versions(subject)? {
             if let Some(stored) = self.state.schemas.get(&version.id)
                 && stored.schema_type == schema.schema_type
-                && super::normalize(stored)? == wanted
+                && self.normalize(stored)? == wanted
             {
                 return Ok(Some(Registered {
                     id: version.id,
@@ -221,7 +258,7 @@ impl Store {
         subject: &str,
         schema: StoredSchema,
     ) -> Result<Registered, RegistryError> {
-        let normalized = super::normalize(&schema)?;
+        let normalized = self.normalize(&schema)?;
         if self.state.subjects.contains_key(subject)
             && let Ok(Some(found)) = self.lookup(subject, &schema)
         {
@@ -243,7 +280,7 @@ impl Store {
         super::check_compatibility(level, &schema, &previous)?;
         let mut existing_id = None;
         for (id, stored) in &self.state.schemas {
-            if stored.schema_type == schema.schema_type && super::normalize(stored)? == normalized {
+            if stored.schema_type == schema.schema_type && self.normalize(stored)? == normalized {
                 existing_id = Some(*id);
                 break;
             }

@@ -1,0 +1,772 @@
+//! `format = "protobuf"`: Debezium's envelope as Protocol Buffers (proto3)
+//! messages, in the Confluent wire format: magic byte 0, the schema's
+//! registry id as 4 bytes big-endian, the message-index array (a single 0:
+//! the first message of the schema), then the message.
+//!
+//! Per topic, a schema with the messages `Envelope` (first), `Value`,
+//! `Source` and `TransactionBlock`, and one with `Key`, in the package
+//! made of the topic name, are derived from the table's relation
+//! descriptor and registered as `PROTOBUF` under `<topic>-value` /
+//! `<topic>-key` (or as the subject name strategy says); a new descriptor
+//! registers a new version. Field numbers follow the column order, so a
+//! column added on the publisher gets the next number. Column types:
+//!
+//! | PostgreSQL | Protobuf |
+//! |---|---|
+//! | `int2`, `int4` | `int32` |
+//! | `int8`, `oid` | `int64` |
+//! | `float4` / `float8` | `float` / `double` |
+//! | `numeric(p,s)` | `confluent.type.Decimal` (unscaled big-endian two's complement, precision p, scale s) |
+//! | `numeric` without a precision | `string` (its exact text: any scale, `NaN`, `Infinity`) |
+//! | `bool` | `bool` |
+//! | `bytea` | `bytes` |
+//! | `date` | `int32`, days since 1970-01-01 |
+//! | `time` | `int64`, microseconds since midnight |
+//! | `timestamp` | `google.protobuf.Timestamp` of its wall-clock time read as UTC |
+//! | `timestamptz` | `google.protobuf.Timestamp` |
+//! | `uuid`, text types, `json`/`jsonb`, enums, anything else | `string` (the text form) |
+//! | one-dimensional arrays | `repeated` of the element's type |
+//!
+//! Columns of the replica identity are plain fields, other scalar columns
+//! `optional` (explicit presence: an unset field is NULL). As in
+//! Confluent's converters, a NULL array reads as an empty one, and arrays
+//! with NULL elements cannot be written (`repeated` has no place for
+//! them): such a row stops the sink with an error naming table and column.
+//! `±infinity` timestamps become the first and last instants
+//! `google.protobuf.Timestamp` allows (0001-01-01, 9999-12-31). An
+//! unchanged TOASTed value is the placeholder for string and bytes columns
+//! (a one-element array of it for arrays of strings) and unset otherwise.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+
+use walbridge_core::{LogicalMessage, PgTimestamp, Relation, Row};
+
+use super::columns::{
+    ColumnType, Field, FieldValue, RecordSchemas, Scalar, SchemaDocument, SchemaState, field_value,
+    namespace,
+};
+use super::json::{CONNECTOR, VERSION};
+use crate::config::SchemaRegistryConfig;
+use crate::error::SinkError;
+use crate::event::{
+    ChangeEvent, KeyColumns, RowImage, SourceBlock, TransactionRecord, TransactionStatus,
+    table_name,
+};
+use crate::registry::SchemaType;
+
+/// Confluent's decimal message, built into its registry and clients.
+const DECIMAL_IMPORT: &str = "confluent/type/decimal.proto";
+/// Protobuf's well-known timestamp.
+const TIMESTAMP_IMPORT: &str = "google/protobuf/timestamp.proto";
+
+/// The first and last seconds `google.protobuf.Timestamp` allows.
+const MIN_TIMESTAMP_SECONDS: i64 = -62_135_596_800;
+const MAX_TIMESTAMP_SECONDS: i64 = 253_402_300_799;
+
+/// The `Source` message, as Debezium's `source` block.
+const SOURCE_MESSAGE: &str = "message Source {
+  string version = 1;
+  string connector = 2;
+  string name = 3;
+  int64 ts_ms = 4;
+  int64 ts_us = 5;
+  optional string snapshot = 6;
+  string db = 7;
+  optional string schema = 8;
+  optional string table = 9;
+  optional int64 txId = 10;
+  optional int64 lsn = 11;
+  optional int64 commit_lsn = 12;
+}
+";
+
+/// The protobuf type of a column type (of its elements for arrays).
+fn proto_type(ty: &ColumnType) -> &'static str {
+    match ty {
+        ColumnType::Int | ColumnType::Date => "int32",
+        ColumnType::Long | ColumnType::TimeMicros => "int64",
+        ColumnType::Float => "float",
+        ColumnType::Double => "double",
+        ColumnType::Boolean => "bool",
+        ColumnType::String | ColumnType::Uuid => "string",
+        ColumnType::Bytes => "bytes",
+        ColumnType::Decimal { .. } => "confluent.type.Decimal",
+        ColumnType::LocalTimestampMicros | ColumnType::TimestampMicros => {
+            "google.protobuf.Timestamp"
+        }
+        ColumnType::Array(element) => proto_type(element),
+    }
+}
+
+/// The file a type needs imported.
+fn import_of(ty: &ColumnType) -> Option<&'static str> {
+    match ty {
+        ColumnType::Decimal { .. } => Some(DECIMAL_IMPORT),
+        ColumnType::LocalTimestampMicros | ColumnType::TimestampMicros => Some(TIMESTAMP_IMPORT),
+        ColumnType::Array(element) => import_of(element),
+        _ => None,
+    }
+}
+
+/// A message of `fields`, numbered from 1 in order.
+fn row_message(name: &str, fields: &[Field]) -> String {
+    let mut text = format!("message {name} {{\n");
+    for (i, field) in fields.iter().enumerate() {
+        let label = match &field.ty {
+            ColumnType::Array(_) => "repeated ",
+            // Message types have presence without `optional`.
+            ty if import_of(ty).is_some() => "",
+            _ if field.nullable => "optional ",
+            _ => "",
+        };
+        let _ = writeln!(
+            text,
+            "  {label}{} {} = {};",
+            proto_type(&field.ty),
+            field.name,
+            i + 1
+        );
+    }
+    text.push_str("}\n");
+    text
+}
+
+/// A proto3 file in `package` with `messages`, the first being the one
+/// the wire format's message index points at.
+fn proto_file<'a>(
+    package: &str,
+    imports: impl IntoIterator<Item = &'a str>,
+    messages: &[&str],
+) -> String {
+    let mut text = format!("syntax = \"proto3\";\npackage {package};\n");
+    let imports: BTreeSet<&str> = imports.into_iter().collect();
+    if !imports.is_empty() {
+        text.push('\n');
+        for import in imports {
+            let _ = writeln!(text, "import \"{import}\";");
+        }
+    }
+    for message in messages {
+        text.push('\n');
+        text.push_str(message);
+    }
+    text
+}
+
+/// The Protobuf schemas of a relation's rows.
+struct ProtobufSchemas {
+    with_transaction: bool,
+}
+
+impl RecordSchemas for ProtobufSchemas {
+    fn envelope(&self, topic: &str, fields: &[Field]) -> SchemaDocument {
+        let package = namespace(topic);
+        let mut envelope = "message Envelope {
+  Value before = 1;
+  Value after = 2;
+  Source source = 3;
+  string op = 4;
+  optional int64 ts_ms = 5;
+  optional int64 ts_us = 6;
+"
+        .to_owned();
+        let block = "message TransactionBlock {
+  string id = 1;
+  int64 total_order = 2;
+  int64 data_collection_order = 3;
+}
+";
+        let value = row_message("Value", fields);
+        let mut messages = vec![value.as_str(), SOURCE_MESSAGE];
+        if self.with_transaction {
+            envelope.push_str("  TransactionBlock transaction = 7;\n");
+            messages.push(block);
+        }
+        envelope.push_str("}\n");
+        messages.insert(0, &envelope);
+        SchemaDocument {
+            name: format!("{package}.Envelope"),
+            text: proto_file(
+                &package,
+                fields.iter().filter_map(|f| import_of(&f.ty)),
+                &messages,
+            ),
+        }
+    }
+
+    fn key(&self, topic: &str, fields: &[Field]) -> SchemaDocument {
+        let package = namespace(topic);
+        SchemaDocument {
+            name: format!("{package}.Key"),
+            text: proto_file(
+                &package,
+                fields.iter().filter_map(|f| import_of(&f.ty)),
+                &[&row_message("Key", fields)],
+            ),
+        }
+    }
+}
+
+// The binary encoding.
+
+const VARINT: u32 = 0;
+const FIXED64: u32 = 1;
+const LENGTH_DELIMITED: u32 = 2;
+const FIXED32: u32 = 5;
+
+fn write_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+fn write_tag(out: &mut Vec<u8>, number: u32, wire_type: u32) {
+    write_varint(out, u64::from(number << 3 | wire_type));
+}
+
+/// An `int32`/`int64`/`bool` field (negative numbers as ten-byte varints,
+/// as protobuf encodes them).
+fn write_int(out: &mut Vec<u8>, number: u32, value: i64) {
+    write_tag(out, number, VARINT);
+    write_varint(out, value as u64);
+}
+
+fn write_len(out: &mut Vec<u8>, number: u32, bytes: &[u8]) {
+    write_tag(out, number, LENGTH_DELIMITED);
+    write_varint(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+}
+
+/// A message field whose body `body` writes.
+fn write_message(out: &mut Vec<u8>, number: u32, body: impl FnOnce(&mut Vec<u8>)) {
+    let mut inner = Vec::new();
+    body(&mut inner);
+    write_len(out, number, &inner);
+}
+
+/// `google.protobuf.Timestamp` of microseconds since 1970-01-01 UTC.
+fn write_timestamp(out: &mut Vec<u8>, micros: i64) {
+    let (seconds, nanos) = match micros {
+        i64::MAX => (MAX_TIMESTAMP_SECONDS, 999_999_999),
+        i64::MIN => (MIN_TIMESTAMP_SECONDS, 0),
+        _ => (
+            micros.div_euclid(1_000_000),
+            micros.rem_euclid(1_000_000) * 1000,
+        ),
+    };
+    if seconds != 0 {
+        write_int(out, 1, seconds);
+    }
+    if nanos != 0 {
+        write_int(out, 2, nanos);
+    }
+}
+
+/// True for element types `repeated` packs into one length-delimited run.
+fn packed(ty: &ColumnType) -> bool {
+    matches!(
+        ty,
+        ColumnType::Int
+            | ColumnType::Long
+            | ColumnType::Float
+            | ColumnType::Double
+            | ColumnType::Boolean
+            | ColumnType::Date
+            | ColumnType::TimeMicros
+    )
+}
+
+/// The bytes of a packable scalar, without tag.
+fn write_packed_value(out: &mut Vec<u8>, value: &Scalar<'_>) {
+    match value {
+        Scalar::Int(v) | Scalar::Date(v) => write_varint(out, i64::from(*v) as u64),
+        Scalar::Long(v) | Scalar::Micros(v) => write_varint(out, *v as u64),
+        Scalar::Boolean(v) => write_varint(out, u64::from(*v)),
+        Scalar::Float(v) => out.extend_from_slice(&v.to_le_bytes()),
+        Scalar::Double(v) => out.extend_from_slice(&v.to_le_bytes()),
+        Scalar::Text(_) | Scalar::Bytes(_) | Scalar::Decimal(_) => {}
+    }
+}
+
+/// One field holding a non-null scalar of `ty`.
+fn write_scalar(out: &mut Vec<u8>, number: u32, ty: &ColumnType, value: &Scalar<'_>) {
+    match (ty, value) {
+        (ColumnType::Float, Scalar::Float(_)) => {
+            write_tag(out, number, FIXED32);
+            write_packed_value(out, value);
+        }
+        (ColumnType::Double, Scalar::Double(_)) => {
+            write_tag(out, number, FIXED64);
+            write_packed_value(out, value);
+        }
+        (ColumnType::LocalTimestampMicros | ColumnType::TimestampMicros, Scalar::Micros(v)) => {
+            write_message(out, number, |m| write_timestamp(m, *v));
+        }
+        (ColumnType::Decimal { precision, scale }, Scalar::Decimal(unscaled)) => {
+            write_message(out, number, |m| {
+                write_len(m, 1, unscaled);
+                write_int(m, 2, i64::from(*precision));
+                write_int(m, 3, i64::from(*scale));
+            });
+        }
+        (_, Scalar::Text(text)) => write_len(out, number, text.as_bytes()),
+        (_, Scalar::Bytes(bytes)) => write_len(out, number, bytes),
+        (_, _) => {
+            write_tag(out, number, VARINT);
+            write_packed_value(out, value);
+        }
+    }
+}
+
+fn write_wire_header(out: &mut Vec<u8>, id: i32) {
+    out.push(0);
+    out.extend_from_slice(&id.to_be_bytes());
+    // The message-index array [0], which Confluent's format shortens to a
+    // single zero.
+    out.push(0);
+}
+
+fn write_source(out: &mut Vec<u8>, number: u32, source: &SourceBlock<'_>) {
+    write_message(out, number, |m| {
+        write_len(m, 1, VERSION.as_bytes());
+        write_len(m, 2, CONNECTOR.as_bytes());
+        write_len(m, 3, source.name.as_bytes());
+        write_int(m, 4, source.ts_us.div_euclid(1000));
+        write_int(m, 5, source.ts_us);
+        write_len(m, 6, if source.snapshot { b"true" } else { b"false" });
+        write_len(m, 7, source.database.as_bytes());
+        if let Some(schema) = source.schema {
+            write_len(m, 8, schema.as_bytes());
+        }
+        if let Some(table) = source.table {
+            write_len(m, 9, table.as_bytes());
+        }
+        if let Some(xid) = source.xid {
+            write_int(m, 10, i64::from(xid));
+        }
+        write_int(m, 11, source.lsn.0 as i64);
+        if let Some(commit_lsn) = source.commit_lsn {
+            write_int(m, 12, commit_lsn.0 as i64);
+        }
+    });
+}
+
+/// Encodes events as Protobuf and registers their schemas.
+pub struct ProtobufEncoder {
+    state: SchemaState<ProtobufSchemas>,
+}
+
+impl ProtobufEncoder {
+    /// An encoder registering with the registry `registry`.
+    pub fn new(
+        registry: &SchemaRegistryConfig,
+        placeholder: &str,
+        with_transaction: bool,
+    ) -> Result<Self, SinkError> {
+        Ok(ProtobufEncoder {
+            state: SchemaState::new(
+                registry,
+                SchemaType::Protobuf,
+                placeholder,
+                ProtobufSchemas { with_transaction },
+            )?,
+        })
+    }
+
+    /// The fields of a row message of `fields` from `image`.
+    fn write_row(
+        &self,
+        out: &mut Vec<u8>,
+        fields: &[Field],
+        relation: &Relation,
+        image: &RowImage<'_>,
+    ) -> Result<(), SinkError> {
+        for (number, field) in (1..).zip(fields) {
+            match field_value(relation, field, image)? {
+                FieldValue::Null => {}
+                FieldValue::Placeholder => {
+                    write_len(out, number, self.state.placeholder.as_bytes())
+                }
+                FieldValue::Scalar(scalar) => write_scalar(out, number, &field.ty, &scalar),
+                FieldValue::Array(elements) => {
+                    let ColumnType::Array(element) = &field.ty else {
+                        continue;
+                    };
+                    let elements: Vec<Scalar<'_>> =
+                        elements.into_iter().collect::<Option<_>>().ok_or_else(|| {
+                            let column = &relation.columns[field.column];
+                            SinkError::Encode {
+                                table: table_name(relation),
+                                reason: format!(
+                                    "column {} ({}): an array with NULL elements has no Protobuf form (`repeated` cannot hold NULL); use format = \"avro\" or \"json\" for this table",
+                                    column.name,
+                                    column.type_display()
+                                ),
+                            }
+                        })?;
+                    if elements.is_empty() {
+                    } else if packed(element) {
+                        write_message(out, number, |m| {
+                            elements.iter().for_each(|e| write_packed_value(m, e))
+                        });
+                    } else {
+                        for e in &elements {
+                            write_scalar(out, number, element, e);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The key of a row.
+    pub async fn key(
+        &mut self,
+        topic: &str,
+        relation: &Relation,
+        keys: &KeyColumns,
+        row: &Row,
+    ) -> Result<Vec<u8>, SinkError> {
+        let schemas = self.state.schemas(topic, relation, Some(keys)).await?;
+        let mut out = Vec::with_capacity(32);
+        write_wire_header(&mut out, schemas.key_id.unwrap_or_default());
+        let image = RowImage {
+            row: std::borrow::Cow::Borrowed(row),
+            only_keys: false,
+        };
+        self.write_row(&mut out, &schemas.key_fields, relation, &image)?;
+        Ok(out)
+    }
+
+    /// The value of a change event.
+    pub async fn change(
+        &mut self,
+        topic: &str,
+        event: &ChangeEvent<'_>,
+    ) -> Result<Vec<u8>, SinkError> {
+        let relation = event.relation;
+        let schemas = self.state.schemas(topic, relation, None).await?;
+        let mut out = Vec::with_capacity(256);
+        write_wire_header(&mut out, schemas.envelope_id);
+        for (number, image) in [(1, &event.before), (2, &event.after)] {
+            if let Some(image) = image {
+                let mut row = Vec::with_capacity(128);
+                self.write_row(&mut row, &schemas.value_fields, relation, image)?;
+                write_len(&mut out, number, &row);
+            }
+        }
+        write_source(&mut out, 3, &event.source);
+        write_len(&mut out, 4, event.op.code().as_bytes());
+        let now = PgTimestamp::now().unix_micros();
+        write_int(&mut out, 5, now.div_euclid(1000));
+        write_int(&mut out, 6, now);
+        if self.state.format.with_transaction
+            && let Some(t) = &event.transaction
+        {
+            write_message(&mut out, 7, |m| {
+                write_len(m, 1, t.id.as_bytes());
+                write_int(m, 2, t.total_order as i64);
+                write_int(m, 3, t.data_collection_order as i64);
+            });
+        }
+        Ok(out)
+    }
+
+    /// The wire header of a message of a fixed schema made of `messages`
+    /// (the first is the one written) in the topic's package.
+    async fn fixed(
+        &mut self,
+        topic: &str,
+        is_key: bool,
+        messages: &[&str],
+    ) -> Result<Vec<u8>, SinkError> {
+        let package = namespace(topic);
+        let first = messages
+            .first()
+            .and_then(|m| m.strip_prefix("message "))
+            .and_then(|m| m.split_whitespace().next())
+            .unwrap_or_default();
+        let document = SchemaDocument {
+            name: format!("{package}.{first}"),
+            text: proto_file(&package, [], messages),
+        };
+        let id = self.state.register(topic, is_key, &document).await?;
+        let mut out = Vec::with_capacity(64);
+        write_wire_header(&mut out, id);
+        Ok(out)
+    }
+
+    /// The key of a transaction-metadata record.
+    pub async fn transaction_key(
+        &mut self,
+        topic: &str,
+        source: &str,
+        id: &str,
+    ) -> Result<Vec<u8>, SinkError> {
+        let message = "message TransactionKey {\n  string source = 1;\n  string id = 2;\n}\n";
+        let mut out = self.fixed(topic, true, &[message]).await?;
+        write_len(&mut out, 1, source.as_bytes());
+        write_len(&mut out, 2, id.as_bytes());
+        Ok(out)
+    }
+
+    /// A transaction-metadata record.
+    pub async fn transaction(
+        &mut self,
+        topic: &str,
+        source: &str,
+        record: &TransactionRecord<'_>,
+    ) -> Result<Vec<u8>, SinkError> {
+        let value = "message TransactionValue {
+  string status = 1;
+  string id = 2;
+  string source = 3;
+  optional int64 event_count = 4;
+  repeated DataCollection data_collections = 5;
+  int64 ts_ms = 6;
+}
+";
+        let collection = "message DataCollection {
+  string data_collection = 1;
+  int64 event_count = 2;
+}
+";
+        let mut out = self.fixed(topic, false, &[value, collection]).await?;
+        let status = match record.status {
+            TransactionStatus::Begin => "BEGIN",
+            TransactionStatus::End => "END",
+        };
+        write_len(&mut out, 1, status.as_bytes());
+        write_len(&mut out, 2, record.id.as_bytes());
+        write_len(&mut out, 3, source.as_bytes());
+        if let Some(count) = record.event_count {
+            write_int(&mut out, 4, count as i64);
+        }
+        for (table, count) in record.data_collections.into_iter().flatten() {
+            write_message(&mut out, 5, |m| {
+                write_len(m, 1, table.as_bytes());
+                write_int(m, 2, *count as i64);
+            });
+        }
+        write_int(&mut out, 6, record.ts_ms);
+        Ok(out)
+    }
+
+    /// The key of a logical decoding message.
+    pub async fn message_key(&mut self, topic: &str, prefix: &str) -> Result<Vec<u8>, SinkError> {
+        let message = "message MessageKey {\n  string prefix = 1;\n}\n";
+        let mut out = self.fixed(topic, true, &[message]).await?;
+        write_len(&mut out, 1, prefix.as_bytes());
+        Ok(out)
+    }
+
+    /// A logical decoding message event.
+    pub async fn message(
+        &mut self,
+        topic: &str,
+        source: &SourceBlock<'_>,
+        message: &LogicalMessage,
+    ) -> Result<Vec<u8>, SinkError> {
+        let value = "message MessageValue {
+  string op = 1;
+  int64 ts_ms = 2;
+  int64 ts_us = 3;
+  Source source = 4;
+  Message message = 5;
+}
+";
+        let content = "message Message {\n  string prefix = 1;\n  bytes content = 2;\n}\n";
+        let mut out = self
+            .fixed(topic, false, &[value, SOURCE_MESSAGE, content])
+            .await?;
+        let now = PgTimestamp::now().unix_micros();
+        write_len(&mut out, 1, b"m");
+        write_int(&mut out, 2, now.div_euclid(1000));
+        write_int(&mut out, 3, now);
+        write_source(&mut out, 4, source);
+        write_message(&mut out, 5, |m| {
+            write_len(m, 1, message.prefix.as_bytes());
+            write_len(m, 2, &message.content);
+        });
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+    use std::collections::HashMap;
+
+    use bytes::Bytes;
+    use prost::Message as _;
+    use prost_reflect::{DescriptorPool, DynamicMessage, ReflectMessage, Value};
+    use walbridge_core::{Datum, ValueKind};
+
+    use super::*;
+    use crate::encode::columns::fields;
+    use crate::encode::fixtures::{array_of, column, registry, relation, source, text};
+    use crate::registry::protobuf::descriptor_set;
+
+    fn kinds() -> Relation {
+        relation(vec![
+            column("id", ValueKind::Int4, -1, true),
+            column("price", ValueKind::Numeric, (10 << 16 | 2) + 4, false),
+            column("at", ValueKind::TimestampTz, -1, false),
+            column("day", ValueKind::Date, -1, false),
+            column("doc", ValueKind::Text, -1, false),
+            column("tags", array_of(ValueKind::Int8), -1, false),
+            column("names", array_of(ValueKind::Text), -1, false),
+            column("data-1", ValueKind::Bytea, -1, false),
+            column("ratio", ValueKind::Float8, -1, false),
+            column("gone", ValueKind::Int2, -1, false),
+        ])
+    }
+
+    fn encoder() -> ProtobufEncoder {
+        ProtobufEncoder::new(&registry(), "?", true).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn field(message: &DynamicMessage, name: &str) -> Option<Value> {
+        let descriptor = message.descriptor().get_field_by_name(name)?;
+        message
+            .has_field(&descriptor)
+            .then(|| message.get_field(&descriptor).into_owned())
+    }
+
+    /// What the encoder writes is what a protobuf implementation reads
+    /// with the generated schema, compiled by a protobuf compiler.
+    #[test]
+    fn envelopes_decode_with_their_compiled_schema() {
+        let relation = kinds();
+        let value_fields = fields(&relation, 0..relation.columns.len());
+        let schema = ProtobufSchemas {
+            with_transaction: true,
+        }
+        .envelope("src.public.t", &value_fields);
+        assert_eq!(schema.name, "src.public.t.Envelope");
+        let set = descriptor_set(&schema.text, &HashMap::new())
+            .unwrap_or_else(|e| panic!("{e}\n{}", schema.text));
+        let pool = DescriptorPool::from_file_descriptor_set(set).unwrap_or_else(|e| panic!("{e}"));
+        let envelope = pool
+            .get_message_by_name("src.public.t.Envelope")
+            .unwrap_or_else(|| panic!("no Envelope in\n{}", schema.text));
+
+        let encoder = encoder();
+        let row = vec![
+            text("-7"),
+            text("-12.34"),
+            text("2024-05-06 07:08:09.123456+00"),
+            text("2024-05-06"),
+            Datum::UnchangedToast,
+            text("{1,-2,3}"),
+            Datum::UnchangedToast,
+            text("\\x00ff"),
+            text("-Infinity"),
+            Datum::Null,
+        ];
+        let image = RowImage {
+            row: Cow::Borrowed(&row),
+            only_keys: false,
+        };
+        let mut value = Vec::new();
+        encoder
+            .write_row(&mut value, &value_fields, &relation, &image)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let source = source();
+        let mut out = Vec::new();
+        write_len(&mut out, 2, &value);
+        write_source(&mut out, 3, &source);
+        write_len(&mut out, 4, b"c");
+
+        let decoded =
+            DynamicMessage::decode(envelope, out.as_slice()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(field(&decoded, "before"), None);
+        assert_eq!(field(&decoded, "op"), Some(Value::String("c".into())));
+        let Some(Value::Message(source)) = field(&decoded, "source") else {
+            panic!("no source: {decoded:?}")
+        };
+        assert_eq!(field(&source, "lsn"), Some(Value::I64(42)));
+        assert_eq!(field(&source, "txId"), Some(Value::I64(9)));
+        let Some(Value::Message(after)) = field(&decoded, "after") else {
+            panic!("no after: {decoded:?}")
+        };
+        assert_eq!(field(&after, "id"), Some(Value::I32(-7)));
+        let Some(Value::Message(price)) = field(&after, "price") else {
+            panic!("price: {after:?}")
+        };
+        assert_eq!(
+            field(&price, "value"),
+            Some(Value::Bytes(Bytes::from_static(&[0xfb, 0x2e])))
+        );
+        assert_eq!(field(&price, "precision"), Some(Value::U32(10)));
+        assert_eq!(field(&price, "scale"), Some(Value::I32(2)));
+        let Some(Value::Message(at)) = field(&after, "at") else {
+            panic!("at: {after:?}")
+        };
+        assert_eq!(field(&at, "seconds"), Some(Value::I64(1_714_979_289)));
+        assert_eq!(field(&at, "nanos"), Some(Value::I32(123_456_000)));
+        assert_eq!(field(&after, "day"), Some(Value::I32(19_849)));
+        assert_eq!(field(&after, "doc"), Some(Value::String("?".into())));
+        assert_eq!(
+            field(&after, "tags"),
+            Some(Value::List(vec![
+                Value::I64(1),
+                Value::I64(-2),
+                Value::I64(3)
+            ]))
+        );
+        assert_eq!(
+            field(&after, "names"),
+            Some(Value::List(vec![Value::String("?".into())]))
+        );
+        assert_eq!(
+            field(&after, "data_1"),
+            Some(Value::Bytes(Bytes::from_static(&[0, 255])))
+        );
+        assert_eq!(field(&after, "ratio"), Some(Value::F64(f64::NEG_INFINITY)));
+        assert_eq!(field(&after, "gone"), None);
+        // Every byte was a known field, written as protobuf writes it.
+        assert_eq!(after.encode_to_vec(), value);
+    }
+
+    #[test]
+    fn arrays_with_null_elements_are_refused_naming_the_column() {
+        let relation = kinds();
+        let value_fields = fields(&relation, 0..relation.columns.len());
+        let mut row = vec![Datum::Null; relation.columns.len()];
+        row[0] = text("1");
+        row[5] = text("{1,NULL}");
+        let image = RowImage {
+            row: Cow::Borrowed(&row),
+            only_keys: false,
+        };
+        let error = encoder()
+            .write_row(&mut Vec::new(), &value_fields, &relation, &image)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            error.contains("public.t") && error.contains("tags") && error.contains("NULL"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn keys_and_fixed_schemas_compile() {
+        let relation = kinds();
+        let key = ProtobufSchemas {
+            with_transaction: false,
+        }
+        .key("src.public.t", &fields(&relation, [0, 2].into_iter()));
+        let set = descriptor_set(&key.text, &HashMap::new()).unwrap_or_else(|e| panic!("{e}"));
+        let main = set.file.last().unwrap_or_else(|| panic!("empty set"));
+        assert_eq!(main.message_type[0].name(), "Key");
+        assert_eq!(main.dependency, ["google/protobuf/timestamp.proto"]);
+        let message = proto_file("a.b", [], &[SOURCE_MESSAGE]);
+        assert!(descriptor_set(&message, &HashMap::new()).is_ok());
+    }
+}
