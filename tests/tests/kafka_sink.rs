@@ -96,9 +96,12 @@ fn change_events_keys_tombstones_and_headers() {
     let p = Pipeline::new(
         "CREATE TABLE items (id int PRIMARY KEY, name text, qty int8, doc jsonb, price numeric(10,2));
          CREATE TABLE notes (body text);
+         CREATE TABLE full_items (label text, id int PRIMARY KEY);
+         ALTER TABLE full_items REPLICA IDENTITY FULL;
          INSERT INTO items VALUES (1, 'one', 10, '{\"a\": [1, 2]}', 1.50), (2, 'two', 20, NULL, NULL), (3, 'three', 30, '{}', 3.00);
          INSERT INTO notes VALUES ('first');
-         CREATE PUBLICATION pub FOR TABLE items, notes;",
+         INSERT INTO full_items VALUES ('a', 1);
+         CREATE PUBLICATION pub FOR TABLE items, notes, full_items;",
     );
     p.configure("", "");
     let check = p.wb.command(&["check"]);
@@ -215,6 +218,20 @@ fn change_events_keys_tombstones_and_headers() {
         truncate.map(|m| &m.value["source"]["table"]),
         Some(&json!("notes"))
     );
+
+    // REPLICA IDENTITY FULL flags every column; the key is the primary key.
+    p.publisher.psql(
+        "UPDATE full_items SET label = 'b' WHERE id = 1;
+         UPDATE full_items SET id = 2 WHERE id = 1;
+         DELETE FROM full_items WHERE id = 2;",
+    );
+    let full = p.read(&["src.public.full_items"], 7);
+    let keys = by_key(&full);
+    let first = &keys[&json!({"id": 1}).to_string()];
+    assert_eq!(ops(first), ["r", "u", "d", "tombstone"], "{full:#?}");
+    assert_eq!(first[1].value["before"], json!({"label": "a", "id": 1}));
+    assert_eq!(first[1].value["after"], json!({"label": "b", "id": 1}));
+    assert_eq!(ops(&keys[&json!({"id": 2}).to_string()]), ["c", "d", "tombstone"]);
 }
 
 #[test]

@@ -108,6 +108,11 @@ pub struct Relation {
     /// false`): the root of its partition tree, so a sink can route its
     /// rows into one table.
     pub partition_root: Option<TableName>,
+    /// Indexes in `columns` of the table's primary key, in key order, when
+    /// it has one and publishes all its columns; empty otherwise. Besides
+    /// the identity because a `REPLICA IDENTITY FULL` table flags every
+    /// column as key, and consumers keying rows want the primary key.
+    pub primary_key: Vec<usize>,
 }
 
 impl Relation {
@@ -118,6 +123,18 @@ impl Relation {
             .enumerate()
             .filter(|(_, c)| c.is_key)
             .map(|(i, _)| i)
+    }
+
+    /// True when column `index` cannot hold NULL as far as the publisher
+    /// tells: it belongs to the primary key or the identity index (with
+    /// REPLICA IDENTITY FULL every column is flagged, NULLs included).
+    pub fn is_never_null(&self, index: usize) -> bool {
+        self.primary_key.contains(&index)
+            || self.columns.get(index).is_some_and(|c| c.is_key)
+                && matches!(
+                    self.replica_identity,
+                    ReplicaIdentity::Default | ReplicaIdentity::Index
+                )
     }
 }
 

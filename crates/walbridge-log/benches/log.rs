@@ -38,6 +38,7 @@ fn record(size: usize) -> Vec<u8> {
             })
             .collect(),
         partition_root: None,
+        primary_key: Vec::new(),
     });
     let info = TransactionInfo {
         xid: 7,

@@ -262,6 +262,11 @@ fn relation_to_pb(r: &Relation) -> pb::Relation {
             schema: t.schema.clone(),
             name: t.name.clone(),
         }),
+        primary_key: r
+            .primary_key
+            .iter()
+            .map(|&i| u32::try_from(i).unwrap_or(u32::MAX))
+            .collect(),
     }
 }
 
@@ -502,6 +507,7 @@ fn relation_from_pb(r: pb::Relation) -> Result<Relation, RecordError> {
             schema: t.schema,
             name: t.name,
         }),
+        primary_key: r.primary_key.into_iter().map(|i| i as usize).collect(),
     })
 }
 

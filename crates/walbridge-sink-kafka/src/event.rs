@@ -210,8 +210,9 @@ impl Emitter {
     }
 
     /// The key columns of `relation`: configured ones, else its replica
-    /// identity (DEFAULT or INDEX; FULL marks every column, which would
-    /// make every update a key change, so it counts as none).
+    /// identity (DEFAULT or INDEX), else its primary key (FULL marks every
+    /// column as identity, which would make every update a key change; a
+    /// NOTHING table may still have one).
     fn key_columns(&self, relation: &Relation) -> Result<Option<KeyColumns>, SinkError> {
         // Most sinks configure none: no table name to build per change.
         let configured = if self.key_columns.is_empty() {
@@ -242,7 +243,9 @@ impl Emitter {
                 let keys: Vec<usize> = relation.key_columns().collect();
                 (!keys.is_empty()).then_some(KeyColumns(keys))
             }
-            ReplicaIdentity::Full | ReplicaIdentity::Nothing => None,
+            ReplicaIdentity::Full | ReplicaIdentity::Nothing => {
+                (!relation.primary_key.is_empty()).then(|| KeyColumns(relation.primary_key.clone()))
+            }
         })
     }
 

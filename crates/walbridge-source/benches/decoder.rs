@@ -36,6 +36,7 @@ fn relation(id: u32, columns: usize) -> Relation {
             })
             .collect(),
         partition_root: None,
+        primary_key: Vec::new(),
     }
 }
 

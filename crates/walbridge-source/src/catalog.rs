@@ -152,7 +152,7 @@ impl TypeCatalog {
     ) -> Result<Relation, CatalogError> {
         self.load(client, body.columns.iter().map(|c| c.type_oid))
             .await?;
-        let columns = body
+        let columns: Vec<Column> = body
             .columns
             .into_iter()
             .map(|c| Column {
@@ -166,6 +166,7 @@ impl TypeCatalog {
             .collect();
         Ok(Relation {
             partition_root: partition_root(client, body.id).await?,
+            primary_key: primary_key(client, body.id, &columns).await?,
             id: body.id,
             schema: body.schema,
             name: body.name,
@@ -173,6 +174,33 @@ impl TypeCatalog {
             columns,
         })
     }
+}
+
+/// Indexes in `columns` of the primary key of `table`, in key order;
+/// empty when it has none or a key column is not among `columns`.
+async fn primary_key(
+    client: &Client,
+    table: Oid,
+    columns: &[Column],
+) -> Result<Vec<usize>, CatalogError> {
+    let rows = client
+        .query(
+            "SELECT a.attname::text FROM pg_index i \
+             CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, position) \
+             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
+             WHERE i.indrelid = $1 AND i.indisprimary ORDER BY k.position",
+            &[&table],
+        )
+        .await
+        .map_err(query_error(format!("primary key of table {table}")))?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let name: String = row.get(0);
+            columns.iter().position(|c| c.name == name)
+        })
+        .collect::<Option<Vec<usize>>>()
+        .unwrap_or_default())
 }
 
 /// The root of the partition tree `table` is a partition of, if it is one.
@@ -336,22 +364,24 @@ pub async fn describe_table(
         ));
     }
     types.load(client, oids).await?;
+    let columns: Vec<Column> = columns
+        .into_iter()
+        .map(|(name, type_oid, type_modifier, in_key)| Column {
+            type_name: types.name(type_oid),
+            kind: types.kind(type_oid, 0),
+            name,
+            type_oid,
+            type_modifier,
+            is_key: in_key || replica_identity == ReplicaIdentity::Full,
+        })
+        .collect();
     Ok(Relation {
         partition_root: partition_root(client, table.oid).await?,
+        primary_key: primary_key(client, table.oid, &columns).await?,
         id: table.oid,
         schema: table.schema.clone(),
         name: table.name.clone(),
         replica_identity,
-        columns: columns
-            .into_iter()
-            .map(|(name, type_oid, type_modifier, in_key)| Column {
-                type_name: types.name(type_oid),
-                kind: types.kind(type_oid, 0),
-                name,
-                type_oid,
-                type_modifier,
-                is_key: in_key || replica_identity == ReplicaIdentity::Full,
-            })
-            .collect(),
+        columns,
     })
 }

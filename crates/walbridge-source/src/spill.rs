@@ -429,6 +429,10 @@ fn encode_relation(r: &Relation, buf: &mut BytesMut) {
         }
         None => buf.put_u8(0),
     }
+    buf.put_u32(u32::try_from(r.primary_key.len()).unwrap_or(u32::MAX));
+    for &i in &r.primary_key {
+        buf.put_u32(u32::try_from(i).unwrap_or(u32::MAX));
+    }
 }
 
 fn decode_relation(buf: &mut Bytes) -> Option<Relation> {
@@ -455,6 +459,10 @@ fn decode_relation(buf: &mut Bytes) -> Option<Relation> {
         }),
         _ => None,
     };
+    let mut primary_key = Vec::new();
+    for _ in 0..take_u32(buf)? {
+        primary_key.push(take_u32(buf)? as usize);
+    }
     Some(Relation {
         id,
         schema,
@@ -462,6 +470,7 @@ fn decode_relation(buf: &mut Bytes) -> Option<Relation> {
         replica_identity,
         columns,
         partition_root,
+        primary_key,
     })
 }
 
@@ -597,6 +606,7 @@ mod tests {
                 schema: "s".into(),
                 name: "root".into(),
             }),
+            primary_key: vec![0],
         })
     }
 

@@ -31,6 +31,7 @@ fn relation(id: u32, name: &str) -> Arc<Relation> {
             schema: "public".into(),
             name: "root".into(),
         }),
+        primary_key: vec![0],
     })
 }
 

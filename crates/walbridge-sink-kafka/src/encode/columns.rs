@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use walbridge_core::json::{bytea_from_text, datum_to_json};
-use walbridge_core::{Column, Datum, Relation, ReplicaIdentity, ValueKind};
+use walbridge_core::{Datum, Relation, ValueKind};
 
 use super::temporal;
 use crate::config::{SchemaRegistryConfig, SubjectNameStrategy};
@@ -124,16 +124,6 @@ pub(super) fn namespace(topic: &str) -> String {
         .join(".")
 }
 
-/// Columns of a primary key or identity index are never null (with FULL
-/// identity every column is flagged, NULLs included).
-fn never_null(relation: &Relation, column: &Column) -> bool {
-    column.is_key
-        && matches!(
-            relation.replica_identity,
-            ReplicaIdentity::Default | ReplicaIdentity::Index
-        )
-}
-
 /// The fields of the columns at `indexes`, with unique names.
 pub(super) fn fields(relation: &Relation, indexes: impl Iterator<Item = usize>) -> Vec<Field> {
     let mut used = HashSet::new();
@@ -151,7 +141,7 @@ pub(super) fn fields(relation: &Relation, indexes: impl Iterator<Item = usize>) 
                 column: i,
                 name,
                 ty: ColumnType::of(&column.kind, column.type_modifier),
-                nullable: !never_null(relation, column),
+                nullable: !relation.is_never_null(i),
             }
         })
         .collect()

@@ -35,6 +35,7 @@ pub fn relation(columns: Vec<Column>) -> Relation {
         replica_identity: ReplicaIdentity::Default,
         columns,
         partition_root: None,
+        primary_key: Vec::new(),
     }
 }
 

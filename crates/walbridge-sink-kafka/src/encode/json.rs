@@ -15,9 +15,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 use walbridge_core::json::datum_to_json;
-use walbridge_core::{
-    Column, Datum, LogicalMessage, PgTimestamp, Relation, ReplicaIdentity, Row, ValueKind,
-};
+use walbridge_core::{Column, Datum, LogicalMessage, PgTimestamp, Relation, Row, ValueKind};
 
 use crate::event::{
     ChangeEvent, KeyColumns, RowImage, SourceBlock, TransactionBlock, TransactionRecord,
@@ -479,22 +477,11 @@ fn column_field(column: &Column, optional: bool) -> Value {
     schema
 }
 
-/// True for columns that can never hold NULL as far as the publisher
-/// tells: those of a primary key or replica-identity index (with REPLICA
-/// IDENTITY FULL every column is flagged, NULLs included).
-fn never_null(relation: &Relation, column: &Column) -> bool {
-    column.is_key
-        && matches!(
-            relation.replica_identity,
-            ReplicaIdentity::Default | ReplicaIdentity::Index
-        )
-}
-
 fn key_schema(topic: &str, relation: &Relation, keys: &[usize]) -> Value {
     let fields = keys
         .iter()
-        .filter_map(|&i| relation.columns.get(i))
-        .map(|c| column_field(c, !never_null(relation, c)))
+        .filter_map(|&i| relation.columns.get(i).map(|c| (i, c)))
+        .map(|(i, c)| column_field(c, !relation.is_never_null(i)))
         .collect();
     struct_schema(&format!("{topic}.Key"), false, fields)
 }
@@ -505,7 +492,8 @@ fn envelope_schema(topic: &str, relation: &Relation, with_transaction: bool) -> 
     let value_fields: Vec<Value> = relation
         .columns
         .iter()
-        .map(|c| column_field(c, !never_null(relation, c)))
+        .enumerate()
+        .map(|(i, c)| column_field(c, !relation.is_never_null(i)))
         .collect();
     let value = struct_schema(&format!("{topic}.Value"), true, value_fields);
     let mut fields = vec![

@@ -22,6 +22,7 @@ fn relation(id: u32, columns: &[&str]) -> Relation {
             })
             .collect(),
         partition_root: None,
+        primary_key: Vec::new(),
     }
 }
 

@@ -195,6 +195,7 @@ mod tests {
                 column("doc", ValueKind::Text, false),
             ],
             partition_root: None,
+            primary_key: Vec::new(),
         })
     }
 
