@@ -5,7 +5,7 @@
 # Every run starts from a slot created at the same point.
 #
 #   scripts/bench-kafka-sink.sh                     # 20,000 transactions
-#   TRANSACTIONS=100000 FORMATS="json avro" scripts/bench-kafka-sink.sh
+#   TRANSACTIONS=100000 FORMATS="json avro protobuf" scripts/bench-kafka-sink.sh
 #
 # The broker is librdkafka's mock cluster (tests' mock-kafka, in a process
 # of its own): it keeps messages in memory and costs little, so the
@@ -13,7 +13,7 @@
 set -euo pipefail
 source "$(dirname "$0")/bench-common.sh"
 transactions=${TRANSACTIONS:-20000}
-formats=${FORMATS:-"json avro"}
+formats=${FORMATS:-"json avro protobuf"}
 clients=4
 
 build_walbridge

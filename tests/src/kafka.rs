@@ -322,3 +322,155 @@ pub fn consume_with_registry(bootstrap: &str, options: &ConsumeOptions<'_>) -> C
         subjects: document["subjects"].clone(),
     }
 }
+
+/// An HTTPS reverse proxy demanding basic auth (`tests/kafka/auth_proxy.py`)
+/// in front of a registry, with a throwaway CA; killed when dropped.
+pub struct AuthProxy {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+    requests: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+/// Runs `openssl` with `args` in `dir`, failing the test on an error.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("openssl (scripts/test.sh installs it): {e}"));
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl AuthProxy {
+    /// A proxy to `upstream` (`http://…`) accepting `user`/`password`,
+    /// with a server certificate for 127.0.0.1 signed by a new CA.
+    pub fn start(upstream: &str, user: &str, password: &str) -> Self {
+        use std::io::BufRead as _;
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path();
+        std::fs::write(
+            path.join("leaf.ext"),
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let new_key = ["-newkey", "rsa:2048", "-nodes", "-days", "1"];
+        openssl(
+            path,
+            &[
+                &["req", "-x509"],
+                &new_key[..],
+                &[
+                    "-subj",
+                    "/CN=walbridge test CA",
+                    "-keyout",
+                    "ca.key",
+                    "-out",
+                    "ca.pem",
+                ],
+            ]
+            .concat(),
+        );
+        openssl(
+            path,
+            &[
+                &["req"],
+                &new_key[..2],
+                &[
+                    "-nodes",
+                    "-subj",
+                    "/CN=127.0.0.1",
+                    "-keyout",
+                    "leaf.key",
+                    "-out",
+                    "leaf.csr",
+                ],
+            ]
+            .concat(),
+        );
+        openssl(
+            path,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "leaf.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "1",
+                "-extfile",
+                "leaf.ext",
+                "-out",
+                "leaf.pem",
+            ],
+        );
+        let port = crate::free_port();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("kafka/auth_proxy.py");
+        let mut child = Command::new(python())
+            .arg(script)
+            .args(["--port", &port.to_string(), "--upstream", upstream])
+            .args(["--user", user, "--password", password])
+            .arg("--cert")
+            .arg(path.join("leaf.pem"))
+            .arg("--key")
+            .arg(path.join("leaf.key"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("auth proxy: {e}"));
+        let stdout = child
+            .stdout
+            .take()
+            .unwrap_or_else(|| panic!("auth proxy: no stdout"));
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        match lines.next() {
+            Some(Ok(line)) if line == "ready" => {}
+            other => panic!("auth proxy did not start: {other:?}"),
+        }
+        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = requests.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                seen.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+            }
+        });
+        AuthProxy {
+            child,
+            port,
+            dir,
+            requests,
+        }
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// The CA certificate the server's certificate is signed with.
+    pub fn ca_cert(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    /// The requests served so far: `<method> <path> <status>`.
+    pub fn requests(&self) -> Vec<String> {
+        self.requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+impl Drop for AuthProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -231,7 +231,10 @@ fn change_events_keys_tombstones_and_headers() {
     assert_eq!(ops(first), ["r", "u", "d", "tombstone"], "{full:#?}");
     assert_eq!(first[1].value["before"], json!({"label": "a", "id": 1}));
     assert_eq!(first[1].value["after"], json!({"label": "b", "id": 1}));
-    assert_eq!(ops(&keys[&json!({"id": 2}).to_string()]), ["c", "d", "tombstone"]);
+    assert_eq!(
+        ops(&keys[&json!({"id": 2}).to_string()]),
+        ["c", "d", "tombstone"]
+    );
 }
 
 #[test]
@@ -675,4 +678,63 @@ fn protobuf_events_through_the_embedded_registry() {
         "{log}"
     );
     assert_eq!(read(6).messages.len(), 6);
+}
+
+#[test]
+fn a_registry_behind_tls_and_basic_auth() {
+    let p = Pipeline::new(
+        "CREATE TABLE items (id int PRIMARY KEY, v text);
+         INSERT INTO items VALUES (1, 'one');
+         CREATE PUBLICATION pub FOR TABLE items;",
+    );
+    let registry_port = walbridge_tests::free_port();
+    let registry = format!("http://127.0.0.1:{registry_port}");
+    let proxy = walbridge_tests::kafka::AuthProxy::start(&registry, "walbridge", "s3cret");
+    let sink = |name: &str, password: &str| {
+        format!(
+            "[[sink]]\nname = \"{name}\"\ntype = \"kafka\"\nbrokers = \"{}\"\nformat = \"avro\"\ntopic = \"{name}.{{table}}\"\nschema_registry = {{ url = \"{}\", username = \"walbridge\", password = \"{password}\", ca_cert = \"{}\" }}\n",
+            p.broker.bootstrap(),
+            proxy.url(),
+            proxy.ca_cert().display()
+        )
+    };
+    p.wb.configure_sinks(
+        &p.publisher.superuser(),
+        &["pub"],
+        "",
+        &format!(
+            "[schema_registry]\nlisten = \"127.0.0.1:{registry_port}\"\n\n{}\n{}",
+            sink("secured", "s3cret"),
+            sink("denied", "wrong")
+        ),
+    );
+    let _running = p.wb.start();
+    // Wrong credentials: the registry refuses, which no retry mends; only
+    // that sink stops.
+    let log = wait_for_log(&p.wb, "401");
+    assert!(log.contains("denied"), "{log}");
+    p.publisher.psql("INSERT INTO items VALUES (2, 'two')");
+    let read = walbridge_tests::kafka::consume_with_registry(
+        &p.broker.bootstrap(),
+        &ConsumeOptions {
+            topics: &["secured.items"],
+            format: "avro",
+            expect: 2,
+            timeout: WAIT,
+            registry: Some(&registry),
+            read_committed: false,
+        },
+    );
+    let values: Vec<&Value> = read
+        .messages
+        .iter()
+        .map(|m| &m.value["after"]["v"])
+        .collect();
+    assert_eq!(values, [&json!("one"), &json!("two")]);
+    let requests = proxy.requests();
+    assert!(
+        requests.contains(&"POST /subjects/secured.items-value/versions 200".to_owned())
+            && requests.contains(&"POST /subjects/denied.items-value/versions 401".to_owned()),
+        "{requests:#?}"
+    );
 }
