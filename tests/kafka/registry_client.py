@@ -46,6 +46,17 @@ def main():
         seen["missing"] = "found"
     except SchemaRegistryError as e:
         seen["missing"] = [e.http_status_code, e.error_code]
+    seen["deleted_version"] = client.delete_version(subject, 1)
+    seen["after_version_delete"] = client.get_versions(subject)
+    seen["deleted_subject"] = client.delete_subject(subject)
+    try:
+        client.get_versions(subject)
+        seen["soft_deleted"] = "found"
+    except SchemaRegistryError as e:
+        seen["soft_deleted"] = e.http_status_code
+    seen["purged"] = client.delete_subject(subject, permanent=True)
+    seen["reregistered"] = client.register_schema(subject, Schema(V1, "AVRO"))
+    seen["fresh_versions"] = client.get_versions(subject)
     json.dump(seen, sys.stdout)
 
 

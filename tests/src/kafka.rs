@@ -148,7 +148,7 @@ impl Drop for Broker {
 
 /// Drives the schema registry at `url` with confluent-kafka's
 /// `SchemaRegistryClient` (register, look up, versions, schemas by id,
-/// compatibility levels) and returns what it saw.
+/// compatibility levels, soft and permanent deletes) and returns what it saw.
 pub fn exercise_registry(url: &str) -> Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("kafka/registry_client.py");
     let output = Command::new(python())

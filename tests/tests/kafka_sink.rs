@@ -600,6 +600,13 @@ fn avro_events_through_the_embedded_registry() {
     assert_eq!(seen["subject_level"], "NONE", "{seen}");
     assert!(seen["after_none"].as_i64().is_some(), "{seen}");
     assert_eq!(seen["missing"], json!([404, 40401]), "{seen}");
+    assert_eq!(seen["deleted_version"], 1, "{seen}");
+    assert_eq!(seen["after_version_delete"], json!([2, 3]), "{seen}");
+    assert_eq!(seen["deleted_subject"], json!([2, 3]), "{seen}");
+    assert_eq!(seen["soft_deleted"], 404, "{seen}");
+    assert_eq!(seen["purged"], json!([1, 2, 3]), "{seen}");
+    assert_eq!(seen["reregistered"], ids[0], "{seen}");
+    assert_eq!(seen["fresh_versions"], json!([1]), "{seen}");
 
     // The registry is kept in data_dir: after a restart the ids stay.
     running.stop(WAIT);

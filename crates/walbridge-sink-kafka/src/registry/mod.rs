@@ -67,6 +67,14 @@ pub enum RegistryError {
     /// No schema with that id.
     #[error("Schema {0} not found")]
     SchemaNotFound(i32),
+    /// A permanent delete of a subject or version not soft-deleted first.
+    #[error("Subject '{subject}'{} was not deleted first before being permanently deleted", version.map(|v| format!(" Version {v}")).unwrap_or_default())]
+    NotSoftDeleted {
+        /// The subject.
+        subject: String,
+        /// The version, when one was named.
+        version: Option<i32>,
+    },
     /// The schema is not registered under the subject.
     #[error("Schema not found")]
     SchemaNotRegistered,
@@ -116,6 +124,8 @@ impl RegistryError {
             RegistryError::VersionNotFound { .. } => (404, 40402),
             RegistryError::SchemaNotFound(_) => (404, 40403),
             RegistryError::SchemaNotRegistered => (404, 40403),
+            RegistryError::NotSoftDeleted { version: None, .. } => (404, 40405),
+            RegistryError::NotSoftDeleted { .. } => (404, 40407),
             RegistryError::InvalidSchema(_) => (422, 42201),
             RegistryError::Incompatible(_) => (409, 409),
             RegistryError::Storage { .. } | RegistryError::Remote { .. } => (500, 50001),
@@ -290,5 +300,45 @@ mod tests {
             Store::open(&path).and_then(|mut s| s.register("x", avro("{not avro"))),
             Err(RegistryError::InvalidSchema(_))
         ));
+    }
+
+    #[test]
+    fn soft_then_permanent_deletes() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let mut store =
+            Store::open(&dir.path().join("registry.json")).unwrap_or_else(|e| panic!("{e}"));
+        fn ok<T>(r: Result<T, RegistryError>) -> T {
+            r.unwrap_or_else(|e| panic!("{e}"))
+        }
+        let first = ok(store.register("t-value", avro(V1)));
+        ok(store.register("t-value", avro(V2)));
+        assert!(matches!(
+            store.delete("t-value", Some(1), true),
+            Err(RegistryError::NotSoftDeleted {
+                version: Some(1),
+                ..
+            })
+        ));
+        assert_eq!(ok(store.delete("t-value", Some(1), false)), [1]);
+        assert_eq!(ok(store.delete("t-value", Some(1), true)), [1]);
+        assert_eq!(
+            ok(store.versions("t-value"))
+                .iter()
+                .map(|v| v.version)
+                .collect::<Vec<_>>(),
+            [2]
+        );
+        assert_eq!(ok(store.delete("t-value", None, false)), [2]);
+        assert!(store.subjects().is_empty());
+        assert!(matches!(
+            store.delete("t-value", None, false),
+            Err(RegistryError::SubjectNotFound(_))
+        ));
+        // Soft-deleted version numbers are not reused.
+        assert_eq!(ok(store.register("t-value", avro(V1))).version, 3);
+        assert_eq!(ok(store.delete("t-value", None, false)), [3]);
+        assert_eq!(ok(store.delete("t-value", None, true)), [2, 3]);
+        // Gone for good: versions start again, the schema keeps its id.
+        assert_eq!(ok(store.register("t-value", avro(V1))), first);
     }
 }

@@ -3,8 +3,9 @@
 //!
 //! `POST /subjects/{s}/versions`, `POST /subjects/{s}`,
 //! `GET /schemas/ids/{id}`, `GET /subjects`, `GET /subjects/{s}/versions`,
-//! `GET /subjects/{s}/versions/{v|latest}`, `GET|PUT /config`,
-//! `GET|PUT /config/{s}`. The `GET`s of a schema take `?format=serialized`,
+//! `GET /subjects/{s}/versions/{v|latest}`, `DELETE /subjects/{s}`,
+//! `DELETE /subjects/{s}/versions/{v|latest}` (soft, or `?permanent=true`),
+//! `GET|PUT /config`, `GET|PUT /config/{s}`. The `GET`s of a schema take `?format=serialized`,
 //! which gives a Protobuf schema as its base64 serialized descriptor.
 
 use std::path::Path;
@@ -177,23 +178,61 @@ async fn versions(State(store): State<Shared>, UrlPath(subject): UrlPath<String>
     ok(json!(numbers))
 }
 
+/// A version in a URL: a number, or `latest` / `-1` (`None`).
+fn parse_version(text: &str) -> std::result::Result<Option<i32>, Answer> {
+    match text {
+        "latest" | "-1" => Ok(None),
+        number => number.parse::<i32>().map(Some).map_err(|_| {
+            Answer(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                json!({"error_code": 42202, "message": format!("The specified version '{number}' is not a valid version id. Allowed values are between [1, 2^31-1] and the string \"latest\"")}),
+            )
+        }),
+    }
+}
+
 async fn version(
     State(store): State<Shared>,
     UrlPath((subject, version)): UrlPath<(String, String)>,
     Query(query): Query<SchemaQuery>,
 ) -> Result {
-    let wanted = match version.as_str() {
-        "latest" | "-1" => None,
-        number => Some(number.parse::<i32>().map_err(|_| {
-            Answer(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                json!({"error_code": 42202, "message": format!("The specified version '{number}' is not a valid version id. Allowed values are between [1, 2^31-1] and the string \"latest\"")}),
-            )
-        })?),
-    };
+    let wanted = parse_version(&version)?;
     let store = lock(&store);
     let found = store.version(&subject, wanted)?.clone();
     version_answer(&store, &subject, &found, &query)
+}
+
+/// The query of the deletes.
+#[derive(Deserialize)]
+struct DeleteQuery {
+    #[serde(default)]
+    permanent: bool,
+}
+
+async fn delete_subject(
+    State(store): State<Shared>,
+    UrlPath(subject): UrlPath<String>,
+    Query(query): Query<DeleteQuery>,
+) -> Result {
+    ok(json!(lock(&store).delete(
+        &subject,
+        None,
+        query.permanent
+    )?))
+}
+
+async fn delete_version(
+    State(store): State<Shared>,
+    UrlPath((subject, version)): UrlPath<(String, String)>,
+    Query(query): Query<DeleteQuery>,
+) -> Result {
+    let mut store = lock(&store);
+    let number = match parse_version(&version)? {
+        Some(n) => n,
+        None => store.version(&subject, None)?.version,
+    };
+    let deleted = store.delete(&subject, Some(number), query.permanent)?;
+    ok(json!(deleted.first().copied().unwrap_or(number)))
 }
 
 async fn global_config(State(store): State<Shared>) -> Result {
@@ -231,9 +270,12 @@ pub fn router(path: &Path) -> std::result::Result<Router, RegistryError> {
     Ok(Router::new()
         .route("/", get(root))
         .route("/subjects", get(subjects))
-        .route("/subjects/{subject}", post(lookup))
+        .route("/subjects/{subject}", post(lookup).delete(delete_subject))
         .route("/subjects/{subject}/versions", get(versions).post(register))
-        .route("/subjects/{subject}/versions/{version}", get(version))
+        .route(
+            "/subjects/{subject}/versions/{version}",
+            get(version).delete(delete_version),
+        )
         .route("/schemas/ids/{id}", get(schema_by_id))
         .route("/config", get(global_config).put(set_global_config))
         .route(

@@ -229,6 +229,62 @@ impl Store {
         super::normalize(schema, &imports)
     }
 
+    /// Deletes `version` of `subject` (`None`: all of them) and returns the
+    /// version numbers deleted. A soft delete hides versions from lookups
+    /// (their numbers are not reused); `permanent` removes versions that
+    /// were soft-deleted before, as Confluent's registry demands, and with
+    /// the subject's last version its compatibility level. Schema ids stay.
+    pub fn delete(
+        &mut self,
+        subject: &str,
+        version: Option<i32>,
+        permanent: bool,
+    ) -> Result<Vec<i32>, RegistryError> {
+        let not_found = || RegistryError::SubjectNotFound(subject.to_owned());
+        let versions = self.state.subjects.get_mut(subject).ok_or_else(not_found)?;
+        let chosen = |v: &Version| version.is_none_or(|n| n == v.version);
+        // A soft delete sees live versions; a permanent one all of them.
+        let targets: Vec<i32> = versions
+            .iter()
+            .filter(|v| chosen(v) && (permanent || !v.deleted))
+            .map(|v| v.version)
+            .collect();
+        if targets.is_empty() {
+            return Err(match version {
+                Some(n) if versions.iter().any(|v| !v.deleted) || permanent => {
+                    RegistryError::VersionNotFound {
+                        subject: subject.to_owned(),
+                        version: n,
+                    }
+                }
+                _ => not_found(),
+            });
+        }
+        if permanent {
+            if versions.iter().any(|v| chosen(v) && !v.deleted) {
+                return Err(RegistryError::NotSoftDeleted {
+                    subject: subject.to_owned(),
+                    version,
+                });
+            }
+            versions.retain(|v| !chosen(v));
+            if versions.is_empty() {
+                self.state.subjects.remove(subject);
+                self.state.subject_compatibility.remove(subject);
+            }
+        } else {
+            versions
+                .iter_mut()
+                .filter(|v| chosen(v))
+                .for_each(|v| v.deleted = true);
+            if version.is_none() {
+                self.state.subject_compatibility.remove(subject);
+            }
+        }
+        self.save()?;
+        Ok(targets)
+    }
+
     /// Where `schema` is already registered under `subject`.
     pub fn lookup(
         &self,
