@@ -769,4 +769,97 @@ mod tests {
         let message = proto_file("a.b", [], &[SOURCE_MESSAGE]);
         assert!(descriptor_set(&message, &HashMap::new()).is_ok());
     }
+
+    /// Decodes `bytes` (Confluent framing, message index [0]) with the
+    /// schema the embedded registry at `store` holds for their id.
+    fn decode_registered(store: &std::path::Path, bytes: &[u8], message: &str) -> DynamicMessage {
+        assert_eq!((bytes[0], bytes[5]), (0, 0), "magic byte and message index");
+        let id = i32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+        let store = crate::registry::store::Store::open(store).unwrap_or_else(|e| panic!("{e}"));
+        let schema = store
+            .schema(id)
+            .unwrap_or_else(|| panic!("schema {id} not registered"));
+        let set = descriptor_set(&schema.schema, &HashMap::new()).unwrap_or_else(|e| panic!("{e}"));
+        let pool = DescriptorPool::from_file_descriptor_set(set).unwrap_or_else(|e| panic!("{e}"));
+        let descriptor = pool
+            .get_message_by_name(message)
+            .unwrap_or_else(|| panic!("no {message} in\n{}", schema.schema));
+        DynamicMessage::decode(descriptor, &bytes[6..]).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Transaction-metadata records and logical messages: registered with
+    /// the embedded registry, decoded with what it holds.
+    #[tokio::test]
+    async fn fixed_records_register_and_decode() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("registry.json");
+        let router = crate::registry::server::router(&path).unwrap_or_else(|e| panic!("{e}"));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut config = registry();
+        config.url = format!(
+            "http://{}",
+            listener.local_addr().unwrap_or_else(|e| panic!("{e}"))
+        );
+        tokio::spawn(crate::registry::server::serve(listener, router));
+        let mut encoder =
+            ProtobufEncoder::new(&config, "?", true).unwrap_or_else(|e| panic!("{e}"));
+
+        let counts = std::collections::BTreeMap::from([("public.t".to_owned(), 3_u64)]);
+        let end = TransactionRecord {
+            status: TransactionStatus::End,
+            id: "9:50",
+            event_count: Some(3),
+            data_collections: Some(&counts),
+            ts_ms: 1_000,
+        };
+        let bytes = encoder
+            .transaction("src.transactions", "src", &end)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let record = decode_registered(&path, &bytes, "src.transactions.TransactionValue");
+        assert_eq!(field(&record, "status"), Some(Value::String("END".into())));
+        assert_eq!(field(&record, "event_count"), Some(Value::I64(3)));
+        let Some(Value::List(collections)) = field(&record, "data_collections") else {
+            panic!("{record:?}")
+        };
+        let Value::Message(collection) = &collections[0] else {
+            panic!("{collections:?}")
+        };
+        assert_eq!(
+            field(collection, "data_collection"),
+            Some(Value::String("public.t".into()))
+        );
+        let key = encoder
+            .transaction_key("src.transactions", "src", "9:50")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let key = decode_registered(&path, &key, "src.transactions.TransactionKey");
+        assert_eq!(field(&key, "id"), Some(Value::String("9:50".into())));
+
+        let message = LogicalMessage {
+            lsn: walbridge_core::Lsn(42),
+            transactional: false,
+            prefix: "audit".into(),
+            content: Bytes::from_static(b"\x00hello"),
+        };
+        let bytes = encoder
+            .message("src.messages", &source(), &message)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let event = decode_registered(&path, &bytes, "src.messages.MessageValue");
+        assert_eq!(field(&event, "op"), Some(Value::String("m".into())));
+        let Some(Value::Message(body)) = field(&event, "message") else {
+            panic!("{event:?}")
+        };
+        assert_eq!(
+            field(&body, "content"),
+            Some(Value::Bytes(Bytes::from_static(b"\x00hello")))
+        );
+        let Some(Value::Message(block)) = field(&event, "source") else {
+            panic!("{event:?}")
+        };
+        assert_eq!(field(&block, "commit_lsn"), Some(Value::I64(50)));
+    }
 }
