@@ -67,9 +67,10 @@ def proto_plain(message):
     return result
 
 
-def protoc_message_class(registry, subject, message_name):
-    """The class of `message_name` in the latest schema of `subject`,
-    compiled from its text by protoc, as a consumer's build would."""
+def protoc_message_class(registry, subject, message_name, version):
+    """The class of `message_name` in version `version` (None: the
+    latest) of `subject`, compiled from its text by protoc, as a
+    consumer's build would."""
     import os
     import subprocess
     import tempfile
@@ -79,7 +80,9 @@ def protoc_message_class(registry, subject, message_name):
     from confluent_kafka.schema_registry.confluent.type import decimal_pb2
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-    schema = SchemaRegistryClient({"url": registry}).get_latest_version(subject).schema
+    client = SchemaRegistryClient({"url": registry})
+    registered = client.get_version(subject, version) if version else client.get_latest_version(subject)
+    schema = registered.schema
     with tempfile.TemporaryDirectory() as work:
         with open(os.path.join(work, "schema.proto"), "w") as f:
             f.write(schema.schema_str)
@@ -105,7 +108,7 @@ def protoc_message_class(registry, subject, message_name):
     return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.{message_name}"))
 
 
-def decoder(fmt, registry, field):
+def decoder(fmt, registry, field, schema_version):
     if fmt == "json":
         return lambda data, message: None if data is None else json.loads(data)
     from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -121,12 +124,15 @@ def decoder(fmt, registry, field):
         protobuf = {}
 
         def deserializer(data, topic):
-            # The class is made from the latest schema when the topic's
-            # first message arrives; older messages decode with it too.
+            # The class is made when the topic's first message arrives, from
+            # the chosen version; messages of every version decode with it.
             if topic not in protobuf:
                 is_key = field == MessageField.KEY
                 message_class = protoc_message_class(
-                    registry, f"{topic}-{'key' if is_key else 'value'}", "Key" if is_key else "Envelope"
+                    registry,
+                    f"{topic}-{'key' if is_key else 'value'}",
+                    "Key" if is_key else "Envelope",
+                    schema_version,
                 )
                 protobuf[topic] = ProtobufDeserializer(message_class, {}, schema_registry_client=client)
             return proto_plain(protobuf[topic](data, SerializationContext(topic, field)))
@@ -149,6 +155,7 @@ def main():
     parser.add_argument("--settle", type=float, default=1.0)
     parser.add_argument("--isolation", default="read_uncommitted")
     parser.add_argument("--registry")
+    parser.add_argument("--schema-version", type=int)
     args = parser.parse_args()
 
     consumer = Consumer(
@@ -175,8 +182,8 @@ def main():
 
     from confluent_kafka.serialization import MessageField
 
-    key_of = decoder(args.format, args.registry, MessageField.KEY)
-    value_of = decoder(args.format, args.registry, MessageField.VALUE)
+    key_of = decoder(args.format, args.registry, MessageField.KEY, args.schema_version)
+    value_of = decoder(args.format, args.registry, MessageField.VALUE, args.schema_version)
     messages = []
     last = time.monotonic()
     while time.monotonic() < deadline:

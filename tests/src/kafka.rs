@@ -242,6 +242,9 @@ pub struct ConsumeOptions<'a> {
     pub registry: Option<&'a str>,
     /// Read only committed transactions (`isolation.level = read_committed`).
     pub read_committed: bool,
+    /// Protobuf: make the message classes from this version of the
+    /// subjects (else the latest), as a consumer built earlier would.
+    pub schema_version: Option<u32>,
 }
 
 /// What [`consume`] read.
@@ -278,6 +281,9 @@ pub fn consume_with_registry(bootstrap: &str, options: &ConsumeOptions<'_>) -> C
     }
     if options.read_committed {
         command.args(["--isolation", "read_committed"]);
+    }
+    if let Some(version) = options.schema_version {
+        command.args(["--schema-version", &version.to_string()]);
     }
     let output = command
         .stdin(Stdio::null())

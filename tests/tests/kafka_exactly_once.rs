@@ -68,6 +68,7 @@ fn a_transactional_sink_killed_under_load_resumes_from_its_committed_positions()
             timeout: WAIT,
             registry: None,
             read_committed: true,
+            schema_version: None,
         },
     );
     let status = running.stop(WAIT);

@@ -53,6 +53,7 @@ impl Pipeline {
                 timeout: WAIT,
                 registry: None,
                 read_committed: false,
+                schema_version: None,
             },
         )
     }
@@ -447,6 +448,7 @@ fn an_unreachable_broker_holds_only_this_sink_back() {
             timeout: WAIT,
             registry: None,
             read_committed: false,
+            schema_version: None,
         },
     );
     let ids: BTreeSet<i64> = messages
@@ -514,13 +516,15 @@ fn with_embedded_registry(format: &str, rows: &str) -> (Pipeline, String) {
     (p, format!("http://127.0.0.1:{registry_port}"))
 }
 
-/// Reads `topic` with `format`'s deserializers and the registry.
+/// Reads `topic` with `format`'s deserializers and the registry (Protobuf:
+/// with classes made from `schema_version`, else the latest).
 fn read_registered(
     p: &Pipeline,
     registry: &str,
     format: &str,
     topic: &str,
     expect: usize,
+    schema_version: Option<u32>,
 ) -> walbridge_tests::kafka::ConsumeResult {
     walbridge_tests::kafka::consume_with_registry(
         &p.broker.bootstrap(),
@@ -531,6 +535,7 @@ fn read_registered(
             timeout: WAIT,
             registry: Some(registry),
             read_committed: false,
+            schema_version,
         },
     )
 }
@@ -545,7 +550,7 @@ fn avro_events_through_the_embedded_registry() {
     );
     let running = p.wb.start();
     let topic = "src.public.kinds";
-    let read = |expect: usize| read_registered(&p, &registry, "avro", topic, expect);
+    let read = |expect: usize| read_registered(&p, &registry, "avro", topic, expect, None);
     let first = read(1);
     let snapshot = &first.messages[0];
     assert_eq!(snapshot.key, json!({"id": 1}));
@@ -627,7 +632,7 @@ fn protobuf_events_through_the_embedded_registry() {
     );
     let _running = p.wb.start();
     let topic = "src.public.kinds";
-    let read = |expect: usize| read_registered(&p, &registry, "protobuf", topic, expect);
+    let read = |expect: usize| read_registered(&p, &registry, "protobuf", topic, expect, None);
     let first = read(2);
     let keys = by_key(&first.messages);
     let full = &keys[&json!({"id": 1}).to_string()][0];
@@ -674,6 +679,38 @@ fn protobuf_events_through_the_embedded_registry() {
     assert_eq!(all.subjects[format!("{topic}-value")], json!([1, 2]));
     assert_eq!(all.subjects[format!("{topic}-key")], json!([1]));
 
+    // A column dropped on the publisher: the other fields keep their
+    // numbers, so a consumer built from version 1 reads new events right.
+    p.publisher.psql(
+        "ALTER TABLE kinds DROP COLUMN small;
+         INSERT INTO kinds (id, flag, note) VALUES (6, false, 'after drop');",
+    );
+    let sixth = |result: &walbridge_tests::kafka::ConsumeResult| {
+        by_key(&result.messages)[&json!({"id": 6}).to_string()][0].value["after"].clone()
+    };
+    let with_v1 = sixth(&read_registered(
+        &p,
+        &registry,
+        "protobuf",
+        topic,
+        7,
+        Some(1),
+    ));
+    assert_eq!(
+        (&with_v1["id"], &with_v1["flag"], &with_v1["small"]),
+        (&json!(6), &json!(false), &Value::Null),
+        "{with_v1}"
+    );
+    assert_eq!(with_v1.get("note"), None, "version 1 has no `note`");
+    let latest = read(7);
+    let with_v3 = sixth(&latest);
+    assert_eq!(
+        (&with_v3["flag"], &with_v3["note"]),
+        (&json!(false), &json!("after drop"))
+    );
+    assert_eq!(with_v3.get("small"), None, "version 3 has no `small`");
+    assert_eq!(latest.subjects[format!("{topic}-value")], json!([1, 2, 3]));
+
     // An array with a NULL element has no Protobuf form: the sink stops
     // naming table and column, and nothing after it is sent.
     p.publisher.psql(
@@ -684,7 +721,7 @@ fn protobuf_events_through_the_embedded_registry() {
         log.contains("public.kinds") && log.contains("nums"),
         "{log}"
     );
-    assert_eq!(read(6).messages.len(), 6);
+    assert_eq!(read(7).messages.len(), 7);
 }
 
 #[test]
@@ -730,6 +767,7 @@ fn a_registry_behind_tls_and_basic_auth() {
             timeout: WAIT,
             registry: Some(&registry),
             read_committed: false,
+            schema_version: None,
         },
     );
     let values: Vec<&Value> = read

@@ -37,8 +37,8 @@ use serde_json::{Value, json};
 use walbridge_core::{LogicalMessage, PgTimestamp, Relation, Row};
 
 use super::columns::{
-    ColumnType, Field, FieldValue, RecordSchemas, Scalar, SchemaDocument, SchemaState, field_value,
-    namespace,
+    ColumnType, Field, FieldValue, Part, RecordSchemas, Scalar, SchemaDocument, SchemaState,
+    field_value, namespace,
 };
 use super::json::{CONNECTOR, VERSION};
 use crate::config::SchemaRegistryConfig;
@@ -85,20 +85,36 @@ struct AvroSchemas {
 }
 
 impl RecordSchemas for AvroSchemas {
-    fn envelope(&self, topic: &str, fields: &[Field]) -> SchemaDocument {
-        let namespace = namespace(topic);
-        let value = record_schema("Value", &namespace, fields);
-        SchemaDocument {
-            name: format!("{namespace}.Envelope"),
-            text: envelope_schema(&namespace, value, self.with_transaction).to_string(),
-        }
+    // Avro resolves fields by name: a schema stands on its own.
+    const FOLLOWS_PREVIOUS: bool = false;
+
+    fn record_name(&self, topic: &str, part: Part) -> String {
+        let record = match part {
+            Part::Key => "Key",
+            Part::Envelope => "Envelope",
+        };
+        format!("{}.{record}", namespace(topic))
     }
 
-    fn key(&self, topic: &str, fields: &[Field]) -> SchemaDocument {
+    fn schema(
+        &self,
+        topic: &str,
+        part: Part,
+        fields: &mut [Field],
+        _previous: Option<&str>,
+    ) -> SchemaDocument {
         let namespace = namespace(topic);
+        let text = match part {
+            Part::Key => record_schema("Key", &namespace, fields),
+            Part::Envelope => envelope_schema(
+                &namespace,
+                record_schema("Value", &namespace, fields),
+                self.with_transaction,
+            ),
+        };
         SchemaDocument {
-            name: format!("{namespace}.Key"),
-            text: record_schema("Key", &namespace, fields).to_string(),
+            name: self.record_name(topic, part),
+            text: text.to_string(),
         }
     }
 }

@@ -99,6 +99,9 @@ pub(super) struct Field {
     pub name: String,
     pub ty: ColumnType,
     pub nullable: bool,
+    /// Its number in a Protobuf message (from 1 in column order, unless
+    /// the format keeps earlier numbers).
+    pub number: u32,
 }
 
 /// A valid Avro or Protobuf name made of `text`: letters, digits and `_`,
@@ -129,7 +132,8 @@ pub(super) fn fields(relation: &Relation, indexes: impl Iterator<Item = usize>) 
     let mut used = HashSet::new();
     indexes
         .filter_map(|i| relation.columns.get(i).map(|c| (i, c)))
-        .map(|(i, column)| {
+        .zip(1..)
+        .map(|((i, column), number)| {
             let base = identifier(&column.name);
             let mut name = base.clone();
             let mut n = 2;
@@ -142,6 +146,7 @@ pub(super) fn fields(relation: &Relation, indexes: impl Iterator<Item = usize>) 
                 name,
                 ty: ColumnType::of(&column.kind, column.type_modifier),
                 nullable: !relation.is_never_null(i),
+                number,
             }
         })
         .collect()
@@ -368,6 +373,13 @@ pub(super) struct SchemaDocument {
     pub text: String,
 }
 
+/// Which of a topic's schemas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Part {
+    Key,
+    Envelope,
+}
+
 /// Registers a format's schemas under the subjects the strategy names.
 struct Registrar {
     registry: RegistryClient,
@@ -393,6 +405,18 @@ impl Registrar {
             SubjectNameStrategy::Record => record_name.to_owned(),
             SubjectNameStrategy::TopicRecord => format!("{topic}-{record_name}"),
         }
+    }
+
+    /// The latest schema registered for `part` of `topic`, whose first
+    /// record is `record_name`.
+    async fn latest(
+        &self,
+        topic: &str,
+        part: Part,
+        record_name: &str,
+    ) -> Result<Option<String>, SinkError> {
+        let subject = self.subject(topic, part == Part::Key, record_name);
+        Ok(self.registry.latest(&subject).await?)
     }
 
     /// The id of `schema`, the key's or value's of `topic`.
@@ -426,10 +450,21 @@ pub(super) struct TopicSchemas {
 
 /// What a format derives from a relation's fields.
 pub(super) trait RecordSchemas {
-    /// The schema of change events on `topic` whose rows have `fields`.
-    fn envelope(&self, topic: &str, fields: &[Field]) -> SchemaDocument;
-    /// The schema of keys on `topic` made of `fields`.
-    fn key(&self, topic: &str, fields: &[Field]) -> SchemaDocument;
+    /// True when a new schema depends on the one registered before
+    /// (`previous` below); else the registry is not asked for it.
+    const FOLLOWS_PREVIOUS: bool;
+    /// The fully qualified name of `part`'s first record on `topic`.
+    fn record_name(&self, topic: &str, part: Part) -> String;
+    /// The schema of `part` on `topic` made of `fields` (every column for
+    /// the envelope's rows, the key's columns for the key), which it may
+    /// renumber; `previous` is the latest schema registered for it.
+    fn schema(
+        &self,
+        topic: &str,
+        part: Part,
+        fields: &mut [Field],
+        previous: Option<&str>,
+    ) -> SchemaDocument;
 }
 
 /// What an encoder of a schema format keeps: where it registers, the
@@ -472,6 +507,25 @@ impl<F: RecordSchemas> SchemaState<F> {
         self.registrar.register(topic, is_key, schema).await
     }
 
+    /// Registers the schema of `part` of `topic` made of `fields`.
+    async fn register_part(
+        &mut self,
+        topic: &str,
+        part: Part,
+        fields: &mut [Field],
+    ) -> Result<i32, SinkError> {
+        let previous = if F::FOLLOWS_PREVIOUS {
+            let name = self.format.record_name(topic, part);
+            self.registrar.latest(topic, part, &name).await?
+        } else {
+            None
+        };
+        let schema = self.format.schema(topic, part, fields, previous.as_deref());
+        self.registrar
+            .register(topic, part == Part::Key, &schema)
+            .await
+    }
+
     /// The schemas of `topic` for `relation` (with a key schema when
     /// `keys` is given), registered the first time and again when the
     /// descriptor changes.
@@ -487,22 +541,20 @@ impl<F: RecordSchemas> SchemaState<F> {
         {
             return Ok(cached.clone());
         }
-        let value_fields = fields(relation, 0..relation.columns.len());
+        let mut value_fields = fields(relation, 0..relation.columns.len());
         let envelope_id = self
-            .registrar
-            .register(topic, false, &self.format.envelope(topic, &value_fields))
+            .register_part(topic, Part::Envelope, &mut value_fields)
             .await?;
         let key_indexes = keys
             .map(|k| k.0.clone())
             .or_else(|| self.topics.get(topic).and_then(|c| c.keys.clone()));
-        let key_fields = key_indexes
+        let mut key_fields = key_indexes
             .as_ref()
             .map(|k| fields(relation, k.iter().copied()))
             .unwrap_or_default();
         let key_id = match &key_indexes {
             Some(_) => Some(
-                self.registrar
-                    .register(topic, true, &self.format.key(topic, &key_fields))
+                self.register_part(topic, Part::Key, &mut key_fields)
                     .await?,
             ),
             None => None,

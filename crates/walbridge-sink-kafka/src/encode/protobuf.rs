@@ -8,8 +8,10 @@
 //! made of the topic name, are derived from the table's relation
 //! descriptor and registered as `PROTOBUF` under `<topic>-value` /
 //! `<topic>-key` (or as the subject name strategy says); a new descriptor
-//! registers a new version. Field numbers follow the column order, so a
-//! column added on the publisher gets the next number. Column types:
+//! registers a new version. Field numbers start in column order and are
+//! kept by name from the subject's latest version; new columns (and
+//! columns whose type changed) take unused numbers, dropped ones are
+//! reserved, so every version reads every other's data. Column types:
 //!
 //! | PostgreSQL | Protobuf |
 //! |---|---|
@@ -37,14 +39,16 @@
 //! unchanged TOASTed value is the placeholder for string and bytes columns
 //! (a one-element array of it for arrays of strings) and unset otherwise.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 
+use prost_types::FieldDescriptorProto;
+use prost_types::field_descriptor_proto::{Label, Type as FieldType};
 use walbridge_core::{LogicalMessage, PgTimestamp, Relation, Row};
 
 use super::columns::{
-    ColumnType, Field, FieldValue, RecordSchemas, Scalar, SchemaDocument, SchemaState, field_value,
-    namespace,
+    ColumnType, Field, FieldValue, Part, RecordSchemas, Scalar, SchemaDocument, SchemaState,
+    field_value, namespace,
 };
 use super::json::{CONNECTOR, VERSION};
 use crate::config::SchemaRegistryConfig;
@@ -109,10 +113,14 @@ fn import_of(ty: &ColumnType) -> Option<&'static str> {
     }
 }
 
-/// A message of `fields`, numbered from 1 in order.
-fn row_message(name: &str, fields: &[Field]) -> String {
+/// A message of `fields`, with `reserved` numbers.
+fn row_message(name: &str, fields: &[Field], reserved: &BTreeSet<u32>) -> String {
     let mut text = format!("message {name} {{\n");
-    for (i, field) in fields.iter().enumerate() {
+    if !reserved.is_empty() {
+        let numbers: Vec<String> = reserved.iter().map(u32::to_string).collect();
+        let _ = writeln!(text, "  reserved {};", numbers.join(", "));
+    }
+    for field in fields {
         let label = match &field.ty {
             ColumnType::Array(_) => "repeated ",
             // Message types have presence without `optional`.
@@ -125,7 +133,7 @@ fn row_message(name: &str, fields: &[Field]) -> String {
             "  {label}{} {} = {};",
             proto_type(&field.ty),
             field.name,
-            i + 1
+            field.number
         );
     }
     text.push_str("}\n");
@@ -160,9 +168,36 @@ struct ProtobufSchemas {
 }
 
 impl RecordSchemas for ProtobufSchemas {
-    fn envelope(&self, topic: &str, fields: &[Field]) -> SchemaDocument {
+    // Protobuf identifies fields by number: numbers must outlive versions.
+    const FOLLOWS_PREVIOUS: bool = true;
+
+    fn record_name(&self, topic: &str, part: Part) -> String {
+        let message = match part {
+            Part::Key => "Key",
+            Part::Envelope => "Envelope",
+        };
+        format!("{}.{message}", namespace(topic))
+    }
+
+    fn schema(
+        &self,
+        topic: &str,
+        part: Part,
+        fields: &mut [Field],
+        previous: Option<&str>,
+    ) -> SchemaDocument {
         let package = namespace(topic);
-        let mut envelope = "message Envelope {
+        let row_name = match part {
+            Part::Key => "Key",
+            Part::Envelope => "Value",
+        };
+        let reserved = renumber(fields, row_name, previous);
+        let row = row_message(row_name, fields, &reserved);
+        let imports = fields.iter().filter_map(|f| import_of(&f.ty));
+        let text = match part {
+            Part::Key => proto_file(&package, imports, &[&row]),
+            Part::Envelope => {
+                let mut envelope = "message Envelope {
   Value before = 1;
   Value after = 2;
   Source source = 3;
@@ -170,42 +205,107 @@ impl RecordSchemas for ProtobufSchemas {
   optional int64 ts_ms = 5;
   optional int64 ts_us = 6;
 "
-        .to_owned();
-        let block = "message TransactionBlock {
+                .to_owned();
+                let block = "message TransactionBlock {
   string id = 1;
   int64 total_order = 2;
   int64 data_collection_order = 3;
 }
 ";
-        let value = row_message("Value", fields);
-        let mut messages = vec![value.as_str(), SOURCE_MESSAGE];
-        if self.with_transaction {
-            envelope.push_str("  TransactionBlock transaction = 7;\n");
-            messages.push(block);
-        }
-        envelope.push_str("}\n");
-        messages.insert(0, &envelope);
+                if self.with_transaction {
+                    envelope.push_str("  TransactionBlock transaction = 7;\n");
+                }
+                envelope.push_str("}\n");
+                let mut messages = vec![envelope.as_str(), &row, SOURCE_MESSAGE];
+                if self.with_transaction {
+                    messages.push(block);
+                }
+                proto_file(&package, imports, &messages)
+            }
+        };
         SchemaDocument {
-            name: format!("{package}.Envelope"),
-            text: proto_file(
-                &package,
-                fields.iter().filter_map(|f| import_of(&f.ty)),
-                &messages,
-            ),
+            name: self.record_name(topic, part),
+            text,
         }
     }
+}
 
-    fn key(&self, topic: &str, fields: &[Field]) -> SchemaDocument {
-        let package = namespace(topic);
-        SchemaDocument {
-            name: format!("{package}.Key"),
-            text: proto_file(
-                &package,
-                fields.iter().filter_map(|f| import_of(&f.ty)),
-                &[&row_message("Key", fields)],
-            ),
+/// How a field is encoded: repeated or not, and its type (a scalar's
+/// name, a message's full name).
+type WireSignature = (bool, String);
+
+fn column_signature(ty: &ColumnType) -> WireSignature {
+    (
+        matches!(ty, ColumnType::Array(_)),
+        proto_type(ty).to_owned(),
+    )
+}
+
+fn descriptor_signature(field: &FieldDescriptorProto) -> WireSignature {
+    let ty = match field.r#type() {
+        FieldType::Message | FieldType::Enum => {
+            field.type_name().trim_start_matches('.').to_owned()
+        }
+        scalar => scalar
+            .as_str_name()
+            .trim_start_matches("TYPE_")
+            .to_ascii_lowercase(),
+    };
+    (field.label() == Label::Repeated, ty)
+}
+
+/// Numbers `fields` of message `message` as the `previous` schema did, so
+/// data written with any version reads with any other: a field keeps its
+/// number while its name and encoding stay; a new field, or one whose type
+/// changed, takes a number never used before. Returns the numbers to
+/// reserve: the previous version's reserved ones and those no field keeps.
+fn renumber(fields: &mut [Field], message: &str, previous: Option<&str>) -> BTreeSet<u32> {
+    let Some(old) = previous
+        .and_then(|text| crate::registry::protobuf::descriptor(text, &HashMap::new()).ok())
+        .and_then(|file| file.message_type.into_iter().find(|m| m.name() == message))
+    else {
+        return BTreeSet::new();
+    };
+    // Ranges are end-exclusive; `reserved 9 to max` is not taken apart.
+    let mut reserved: BTreeSet<u32> = old
+        .reserved_range
+        .iter()
+        .filter(|r| r.end() - r.start() <= 1_000)
+        .flat_map(|r| r.start() as u32..r.end() as u32)
+        .collect();
+    let known: HashMap<&str, (u32, WireSignature)> = old
+        .field
+        .iter()
+        .map(|f| (f.name(), (f.number() as u32, descriptor_signature(f))))
+        .collect();
+    let mut next = old
+        .field
+        .iter()
+        .map(|f| f.number())
+        .chain(old.reserved_range.iter().map(|r| r.end() - 1))
+        .filter(|&n| n < 1 << 20)
+        .max()
+        .map_or(1, |n| n as u32 + 1);
+    let mut kept = BTreeSet::new();
+    for field in fields.iter_mut() {
+        match known.get(field.name.as_str()) {
+            Some((number, signature)) if *signature == column_signature(&field.ty) => {
+                field.number = *number;
+                kept.insert(*number);
+            }
+            _ => {
+                field.number = next;
+                next += 1;
+            }
         }
     }
+    reserved.extend(
+        known
+            .values()
+            .map(|(n, _)| *n)
+            .filter(|n| !kept.contains(n)),
+    );
+    reserved
 }
 
 // The binary encoding.
@@ -384,7 +484,8 @@ impl ProtobufEncoder {
         relation: &Relation,
         image: &RowImage<'_>,
     ) -> Result<(), SinkError> {
-        for (number, field) in (1..).zip(fields) {
+        for field in fields {
+            let number = field.number;
             match field_value(relation, field, image)? {
                 FieldValue::Null => {}
                 FieldValue::Placeholder => {
@@ -604,7 +705,7 @@ mod tests {
     use bytes::Bytes;
     use prost::Message as _;
     use prost_reflect::{DescriptorPool, DynamicMessage, ReflectMessage, Value};
-    use walbridge_core::{Datum, ValueKind};
+    use walbridge_core::{Column, Datum, ValueKind};
 
     use super::*;
     use crate::encode::columns::fields;
@@ -642,11 +743,11 @@ mod tests {
     #[test]
     fn envelopes_decode_with_their_compiled_schema() {
         let relation = kinds();
-        let value_fields = fields(&relation, 0..relation.columns.len());
+        let mut value_fields = fields(&relation, 0..relation.columns.len());
         let schema = ProtobufSchemas {
             with_transaction: true,
         }
-        .envelope("src.public.t", &value_fields);
+        .schema("src.public.t", Part::Envelope, &mut value_fields, None);
         assert_eq!(schema.name, "src.public.t.Envelope");
         let set = descriptor_set(&schema.text, &HashMap::new())
             .unwrap_or_else(|e| panic!("{e}\n{}", schema.text));
@@ -761,13 +862,81 @@ mod tests {
         let key = ProtobufSchemas {
             with_transaction: false,
         }
-        .key("src.public.t", &fields(&relation, [0, 2].into_iter()));
+        .schema(
+            "src.public.t",
+            Part::Key,
+            &mut fields(&relation, [0, 2].into_iter()),
+            None,
+        );
         let set = descriptor_set(&key.text, &HashMap::new()).unwrap_or_else(|e| panic!("{e}"));
         let main = set.file.last().unwrap_or_else(|| panic!("empty set"));
         assert_eq!(main.message_type[0].name(), "Key");
         assert_eq!(main.dependency, ["google/protobuf/timestamp.proto"]);
         let message = proto_file("a.b", [], &[SOURCE_MESSAGE]);
         assert!(descriptor_set(&message, &HashMap::new()).is_ok());
+    }
+
+    /// Field numbers survive versions: kept while name and encoding stay,
+    /// never reused once given up.
+    #[test]
+    fn field_numbers_follow_the_previous_version() {
+        let format = ProtobufSchemas {
+            with_transaction: false,
+        };
+        let version = |columns: Vec<Column>, previous: Option<&str>| {
+            let relation = relation(columns);
+            let mut fields = fields(&relation, 0..relation.columns.len());
+            let schema = format.schema("src.public.t", Part::Envelope, &mut fields, previous);
+            assert!(
+                descriptor_set(&schema.text, &HashMap::new()).is_ok(),
+                "{}",
+                schema.text
+            );
+            let numbers: Vec<(String, u32)> =
+                fields.into_iter().map(|f| (f.name, f.number)).collect();
+            (schema.text, numbers)
+        };
+        let named = |pairs: &[(&str, u32)]| -> Vec<(String, u32)> {
+            pairs.iter().map(|(n, i)| ((*n).to_owned(), *i)).collect()
+        };
+        let (v1, numbers) = version(
+            vec![
+                column("id", ValueKind::Int4, -1, true),
+                column("a", ValueKind::Int4, -1, false),
+                column("b", ValueKind::Text, -1, false),
+                column("c", ValueKind::Int4, -1, false),
+            ],
+            None,
+        );
+        assert_eq!(numbers, named(&[("id", 1), ("a", 2), ("b", 3), ("c", 4)]));
+        // `a` dropped, `c` now int8, `d` added.
+        let (v2, numbers) = version(
+            vec![
+                column("id", ValueKind::Int4, -1, true),
+                column("b", ValueKind::Text, -1, false),
+                column("c", ValueKind::Int8, -1, false),
+                column("d", array_of(ValueKind::Text), -1, false),
+            ],
+            Some(&v1),
+        );
+        assert_eq!(numbers, named(&[("id", 1), ("b", 3), ("c", 5), ("d", 6)]));
+        assert!(v2.contains("reserved 2, 4;"), "{v2}");
+        // `a` again: a new number; the reserved ones stay reserved.
+        let (v3, numbers) = version(
+            vec![
+                column("a", ValueKind::Int4, -1, false),
+                column("id", ValueKind::Int4, -1, true),
+                column("b", ValueKind::Text, -1, false),
+                column("c", ValueKind::Int8, -1, false),
+                column("d", array_of(ValueKind::Text), -1, false),
+            ],
+            Some(&v2),
+        );
+        assert_eq!(
+            numbers,
+            named(&[("a", 7), ("id", 1), ("b", 3), ("c", 5), ("d", 6)])
+        );
+        assert!(v3.contains("reserved 2, 4;"), "{v3}");
     }
 
     /// Decodes `bytes` (Confluent framing, message index [0]) with the

@@ -26,6 +26,11 @@ struct Registered {
     id: i32,
 }
 
+#[derive(Deserialize)]
+struct SubjectVersion {
+    schema: String,
+}
+
 impl RegistryClient {
     /// A client for the registry `config` describes.
     pub fn new(config: &SchemaRegistryConfig) -> Result<Self, RegistryError> {
@@ -56,6 +61,44 @@ impl RegistryClient {
                 .map(|user| (user, config.password.clone())),
             ids: HashMap::new(),
         })
+    }
+
+    /// The text of the latest schema registered under `subject`, or `None`
+    /// when the subject has none.
+    pub async fn latest(&self, subject: &str) -> Result<Option<String>, RegistryError> {
+        let url = format!("{}/subjects/{subject}/versions/latest", self.base);
+        let remote = |reason: String, status: Option<u16>| RegistryError::Remote {
+            url: url.clone(),
+            reason,
+            status,
+        };
+        let mut request = self.http.get(&url);
+        if let Some((user, password)) = &self.credentials {
+            request = request.basic_auth(user, password.as_ref());
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| remote(e.to_string(), None))?;
+        let status = response.status();
+        let text = response
+            .text()
+            .await
+            .map_err(|e| remote(e.to_string(), None))?;
+        if status == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !status.is_success() {
+            return Err(remote(
+                format!(
+                    "reading the latest version of subject `{subject}` answered {status}: {text}"
+                ),
+                Some(status.as_u16()),
+            ));
+        }
+        let version: SubjectVersion = serde_json::from_str(&text)
+            .map_err(|e| remote(format!("unexpected answer ({e}): {text}"), None))?;
+        Ok(Some(version.schema))
     }
 
     /// The id of `schema` under `subject`, registering it the first time
