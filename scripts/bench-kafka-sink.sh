@@ -57,5 +57,5 @@ topic = \"$format.{table}\"
 [sink.topic_creation]
 enabled = false"
   read -r took rss_kb < <(walbridge_until "${format}_slot" "$end" bench bench_pub /dev/null "$sinks")
-  python3 -c "print(f'walbridge -> kafka {\"$format\":5}: {$took:7.2f} s  {4 * $transactions / $took:9.0f} events/s  ({100 * $recv / $took:.0f}% of the ceiling, peak RSS {$rss_kb / 1024:.0f} MB)')"
+  python3 -c "print(f'walbridge -> kafka {\"$format\":8}: {$took:7.2f} s  {4 * $transactions / $took:9.0f} events/s  ({100 * $recv / $took:.0f}% of the ceiling, peak RSS {$rss_kb / 1024:.0f} MB)')"
 done
