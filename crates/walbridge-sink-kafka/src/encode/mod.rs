@@ -56,7 +56,6 @@ impl Encoder {
                     Encoder::Protobuf(Box::new(protobuf::ProtobufEncoder::new(
                         &registry,
                         placeholder,
-                        with_transaction,
                     )?))
                 })
             }

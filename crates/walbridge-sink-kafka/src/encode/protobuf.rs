@@ -162,10 +162,30 @@ fn proto_file<'a>(
     text
 }
 
-/// The Protobuf schemas of a relation's rows.
-struct ProtobufSchemas {
-    with_transaction: bool,
+/// The `Envelope` message. Its `transaction` field is declared whether or
+/// not `transaction_topic` sets it, so turning that on or off does not
+/// remove a message (which Protobuf compatibility forbids).
+const ENVELOPE_MESSAGES: [&str; 2] = [
+    "message Envelope {
+  Value before = 1;
+  Value after = 2;
+  Source source = 3;
+  string op = 4;
+  optional int64 ts_ms = 5;
+  optional int64 ts_us = 6;
+  TransactionBlock transaction = 7;
 }
+",
+    "message TransactionBlock {
+  string id = 1;
+  int64 total_order = 2;
+  int64 data_collection_order = 3;
+}
+",
+];
+
+/// The Protobuf schemas of a relation's rows.
+struct ProtobufSchemas;
 
 impl RecordSchemas for ProtobufSchemas {
     // Protobuf identifies fields by number: numbers must outlive versions.
@@ -197,30 +217,8 @@ impl RecordSchemas for ProtobufSchemas {
         let text = match part {
             Part::Key => proto_file(&package, imports, &[&row]),
             Part::Envelope => {
-                let mut envelope = "message Envelope {
-  Value before = 1;
-  Value after = 2;
-  Source source = 3;
-  string op = 4;
-  optional int64 ts_ms = 5;
-  optional int64 ts_us = 6;
-"
-                .to_owned();
-                let block = "message TransactionBlock {
-  string id = 1;
-  int64 total_order = 2;
-  int64 data_collection_order = 3;
-}
-";
-                if self.with_transaction {
-                    envelope.push_str("  TransactionBlock transaction = 7;\n");
-                }
-                envelope.push_str("}\n");
-                let mut messages = vec![envelope.as_str(), &row, SOURCE_MESSAGE];
-                if self.with_transaction {
-                    messages.push(block);
-                }
-                proto_file(&package, imports, &messages)
+                let [envelope, block] = ENVELOPE_MESSAGES;
+                proto_file(&package, imports, &[envelope, &row, SOURCE_MESSAGE, block])
             }
         };
         SchemaDocument {
@@ -460,19 +458,11 @@ pub struct ProtobufEncoder {
 }
 
 impl ProtobufEncoder {
-    /// An encoder registering with the registry `registry`.
-    pub fn new(
-        registry: &SchemaRegistryConfig,
-        placeholder: &str,
-        with_transaction: bool,
-    ) -> Result<Self, SinkError> {
+    /// An encoder registering with the registry `registry`. (Events carry
+    /// a `transaction` block when the emitter gives them one.)
+    pub fn new(registry: &SchemaRegistryConfig, placeholder: &str) -> Result<Self, SinkError> {
         Ok(ProtobufEncoder {
-            state: SchemaState::new(
-                registry,
-                SchemaType::Protobuf,
-                placeholder,
-                ProtobufSchemas { with_transaction },
-            )?,
+            state: SchemaState::new(registry, SchemaType::Protobuf, placeholder, ProtobufSchemas)?,
         })
     }
 
@@ -565,9 +555,7 @@ impl ProtobufEncoder {
         let now = PgTimestamp::now().unix_micros();
         write_int(&mut out, 5, now.div_euclid(1000));
         write_int(&mut out, 6, now);
-        if self.state.format.with_transaction
-            && let Some(t) = &event.transaction
-        {
+        if let Some(t) = &event.transaction {
             write_message(&mut out, 7, |m| {
                 write_len(m, 1, t.id.as_bytes());
                 write_int(m, 2, t.total_order as i64);
@@ -728,7 +716,7 @@ mod tests {
     }
 
     fn encoder() -> ProtobufEncoder {
-        ProtobufEncoder::new(&registry(), "?", true).unwrap_or_else(|e| panic!("{e}"))
+        ProtobufEncoder::new(&registry(), "?").unwrap_or_else(|e| panic!("{e}"))
     }
 
     fn field(message: &DynamicMessage, name: &str) -> Option<Value> {
@@ -744,10 +732,8 @@ mod tests {
     fn envelopes_decode_with_their_compiled_schema() {
         let relation = kinds();
         let mut value_fields = fields(&relation, 0..relation.columns.len());
-        let schema = ProtobufSchemas {
-            with_transaction: true,
-        }
-        .schema("src.public.t", Part::Envelope, &mut value_fields, None);
+        let schema =
+            ProtobufSchemas.schema("src.public.t", Part::Envelope, &mut value_fields, None);
         assert_eq!(schema.name, "src.public.t.Envelope");
         let set = descriptor_set(&schema.text, &HashMap::new())
             .unwrap_or_else(|e| panic!("{e}\n{}", schema.text));
@@ -859,10 +845,7 @@ mod tests {
     #[test]
     fn keys_and_fixed_schemas_compile() {
         let relation = kinds();
-        let key = ProtobufSchemas {
-            with_transaction: false,
-        }
-        .schema(
+        let key = ProtobufSchemas.schema(
             "src.public.t",
             Part::Key,
             &mut fields(&relation, [0, 2].into_iter()),
@@ -880,9 +863,7 @@ mod tests {
     /// never reused once given up.
     #[test]
     fn field_numbers_follow_the_previous_version() {
-        let format = ProtobufSchemas {
-            with_transaction: false,
-        };
+        let format = ProtobufSchemas;
         let version = |columns: Vec<Column>, previous: Option<&str>| {
             let relation = relation(columns);
             let mut fields = fields(&relation, 0..relation.columns.len());
@@ -972,8 +953,7 @@ mod tests {
             listener.local_addr().unwrap_or_else(|e| panic!("{e}"))
         );
         tokio::spawn(crate::registry::server::serve(listener, router));
-        let mut encoder =
-            ProtobufEncoder::new(&config, "?", true).unwrap_or_else(|e| panic!("{e}"));
+        let mut encoder = ProtobufEncoder::new(&config, "?").unwrap_or_else(|e| panic!("{e}"));
 
         let counts = std::collections::BTreeMap::from([("public.t".to_owned(), 3_u64)]);
         let end = TransactionRecord {

@@ -176,18 +176,15 @@ fn parse_for_resolution(text: &str) -> Result<Schema, RegistryError> {
 }
 
 /// Checks `new` against the `previous` versions of a subject (oldest
-/// first) at `level`. Avro schemas are checked by schema resolution;
-/// Protobuf and JSON schemas are accepted as they are.
-pub fn check_compatibility(
+/// first) at `level`, with `can_read(reader, writer)` telling whether data
+/// written with one schema reads with the other.
+fn check_levels<T>(
     level: Compatibility,
-    new: &StoredSchema,
-    previous: &[&StoredSchema],
+    new: &T,
+    previous: &[T],
+    can_read: impl Fn(&T, &T) -> Result<(), String>,
 ) -> Result<(), RegistryError> {
-    if new.schema_type != SchemaType::Avro {
-        return Ok(());
-    }
-    let reader = parse_for_resolution(&new.schema)?;
-    let against: &[&StoredSchema] = match level {
+    let against: &[T] = match level {
         Compatibility::None => return Ok(()),
         Compatibility::Backward | Compatibility::Forward | Compatibility::Full => {
             previous.last().map_or(&[], std::slice::from_ref)
@@ -211,22 +208,48 @@ pub fn check_compatibility(
             | Compatibility::FullTransitive
     );
     for old in against {
-        if old.schema_type != SchemaType::Avro {
-            continue;
-        }
-        let old = parse_for_resolution(&old.schema)?;
-        if backward && let Err(e) = SchemaCompatibility::can_read(&old, &reader) {
+        if backward && let Err(e) = can_read(new, old) {
             return Err(RegistryError::Incompatible(format!(
                 "the new schema cannot read data written with an earlier one: {e}"
             )));
         }
-        if forward && let Err(e) = SchemaCompatibility::can_read(&reader, &old) {
+        if forward && let Err(e) = can_read(old, new) {
             return Err(RegistryError::Incompatible(format!(
                 "an earlier schema cannot read data written with the new one: {e}"
             )));
         }
     }
     Ok(())
+}
+
+/// Checks the Avro schema `new` against the `previous` Avro versions of a
+/// subject at `level`, by schema resolution.
+pub fn check_avro(
+    level: Compatibility,
+    new: &StoredSchema,
+    previous: &[&StoredSchema],
+) -> Result<(), RegistryError> {
+    if level == Compatibility::None {
+        return Ok(());
+    }
+    let new = parse_for_resolution(&new.schema)?;
+    let previous = previous
+        .iter()
+        .map(|s| parse_for_resolution(&s.schema))
+        .collect::<Result<Vec<_>, _>>()?;
+    check_levels(level, &new, &previous, |reader, writer| {
+        SchemaCompatibility::can_read(writer, reader).map_err(|e| e.to_string())
+    })
+}
+
+/// Checks the Protobuf descriptor `new` against the `previous` versions'
+/// at `level`, by the wire compatibility of their messages.
+pub fn check_protobuf(
+    level: Compatibility,
+    new: &prost_types::FileDescriptorProto,
+    previous: &[prost_types::FileDescriptorProto],
+) -> Result<(), RegistryError> {
+    check_levels(level, new, previous, protobuf::can_read)
 }
 
 #[cfg(test)]
@@ -340,5 +363,36 @@ mod tests {
         assert_eq!(ok(store.delete("t-value", None, true)), [2, 3]);
         // Gone for good: versions start again, the schema keeps its id.
         assert_eq!(ok(store.register("t-value", avro(V1))), first);
+    }
+
+    #[test]
+    fn protobuf_schemas_are_checked_by_wire_compatibility() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let mut store =
+            Store::open(&dir.path().join("registry.json")).unwrap_or_else(|e| panic!("{e}"));
+        let proto = |text: &str| StoredSchema {
+            schema: text.to_owned(),
+            schema_type: SchemaType::Protobuf,
+            references: Vec::new(),
+        };
+        let v1 = "syntax = \"proto3\"; package p; message V { int32 id = 1; string s = 2; }";
+        let v2 = "syntax = \"proto3\"; package p; message V { reserved 2; int32 id = 1; optional bytes t = 3; }";
+        let breaks = "syntax = \"proto3\"; package p; message V { string id = 1; }";
+        assert_eq!(
+            store.register("p-value", proto(v1)).map(|r| r.version).ok(),
+            Some(1)
+        );
+        assert_eq!(
+            store.register("p-value", proto(v2)).map(|r| r.version).ok(),
+            Some(2)
+        );
+        assert!(matches!(
+            store.register("p-value", proto(breaks)),
+            Err(RegistryError::Incompatible(e)) if e.contains("field 1")
+        ));
+        assert!(matches!(
+            store.register("p-value", proto("syntax = \"proto3\"; message {")),
+            Err(RegistryError::InvalidSchema(_))
+        ));
     }
 }

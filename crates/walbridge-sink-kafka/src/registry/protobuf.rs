@@ -9,7 +9,8 @@ use std::collections::HashMap;
 
 use base64::Engine as _;
 use prost::Message as _;
-use prost_types::{FileDescriptorProto, FileDescriptorSet};
+use prost_types::field_descriptor_proto::{Label, Type};
+use prost_types::{DescriptorProto, FieldDescriptorProto, FileDescriptorProto, FileDescriptorSet};
 use protox::Compiler;
 use protox::file::{ChainFileResolver, File, FileResolver, GoogleFileResolver};
 
@@ -112,6 +113,106 @@ pub fn serialized(
     Ok(base64::engine::general_purpose::STANDARD.encode(descriptor.encode_to_vec()))
 }
 
+/// The messages of `file`, nested ones included, by full name.
+fn messages(file: &FileDescriptorProto) -> HashMap<String, &DescriptorProto> {
+    fn add<'a>(
+        scope: &str,
+        list: &'a [DescriptorProto],
+        into: &mut HashMap<String, &'a DescriptorProto>,
+    ) {
+        for message in list {
+            let name = format!("{scope}.{}", message.name());
+            add(&name, &message.nested_type, into);
+            into.insert(name, message);
+        }
+    }
+    let mut all = HashMap::new();
+    let scope = if file.package().is_empty() {
+        String::new()
+    } else {
+        format!(".{}", file.package())
+    };
+    add(&scope, &file.message_type, &mut all);
+    all
+}
+
+/// Field types whose encodings read as one another: varints, zigzag
+/// varints, the fixed widths, and the length-delimited kinds.
+fn wire_group(ty: Type) -> u8 {
+    match ty {
+        Type::Int32 | Type::Uint32 | Type::Int64 | Type::Uint64 | Type::Bool => 0,
+        Type::Sint32 | Type::Sint64 => 1,
+        Type::Fixed32 | Type::Sfixed32 => 2,
+        Type::Fixed64 | Type::Sfixed64 => 3,
+        Type::Float => 4,
+        Type::Double => 5,
+        Type::String | Type::Bytes => 6,
+        Type::Message => 7,
+        Type::Group => 8,
+        Type::Enum => 9,
+    }
+}
+
+fn type_display(field: &FieldDescriptorProto) -> String {
+    match field.r#type() {
+        Type::Message | Type::Enum => field.type_name().trim_start_matches('.').to_owned(),
+        scalar => scalar
+            .as_str_name()
+            .trim_start_matches("TYPE_")
+            .to_ascii_lowercase(),
+    }
+}
+
+/// Whether data written with `writer` reads with `reader`, as Confluent's
+/// registry judges Protobuf schemas: the package is the same, every
+/// message of the writer is in the reader, and each field number both
+/// use is encoded compatibly (one wire group, the same message or enum
+/// type; repeated and singular mix only for length-delimited types).
+/// Fields only one of them has are skipped or left unset by readers.
+pub fn can_read(reader: &FileDescriptorProto, writer: &FileDescriptorProto) -> Result<(), String> {
+    if reader.package() != writer.package() {
+        return Err(format!(
+            "the package differs (`{}`, `{}`)",
+            writer.package(),
+            reader.package()
+        ));
+    }
+    let readers = messages(reader);
+    for (name, written) in messages(writer) {
+        let name = name.trim_start_matches('.');
+        let Some(read) = readers.get(&format!(".{name}")) else {
+            return Err(format!("message `{name}` is missing"));
+        };
+        for w in &written.field {
+            let Some(r) = read.field.iter().find(|r| r.number() == w.number()) else {
+                continue;
+            };
+            let (wt, rt) = (w.r#type(), r.r#type());
+            let repeated = (w.label() == Label::Repeated, r.label() == Label::Repeated);
+            let why = if wire_group(wt) != wire_group(rt)
+                || matches!(wt, Type::Message | Type::Enum) && w.type_name() != r.type_name()
+            {
+                format!(
+                    "its type is `{}` in one and `{}` in the other",
+                    type_display(w),
+                    type_display(r)
+                )
+            } else if repeated.0 != repeated.1 && !matches!(wire_group(wt), 6 | 7) {
+                "it is repeated in one and not in the other".to_owned()
+            } else {
+                continue;
+            };
+            return Err(format!(
+                "field {} of `{name}` (`{}`, `{}`): {why}",
+                w.number(),
+                w.name(),
+                r.name()
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,5 +263,37 @@ mod tests {
                 Err(RegistryError::InvalidSchema(_))
             ));
         }
+    }
+
+    #[test]
+    fn wire_compatibility() {
+        let none = HashMap::new();
+        let compile = |text: &str| descriptor(text, &none).unwrap_or_else(|e| panic!("{e}"));
+        let v1 = compile(
+            "syntax = \"proto3\"; package p; message E { V after = 1; } message V { int32 id = 1; string s = 2; repeated int64 n = 3; }",
+        );
+        let check = |text: &str| {
+            let new = compile(text);
+            (can_read(&new, &v1), can_read(&v1, &new))
+        };
+        // A field added, one removed (and reserved), a compatible widening.
+        let (backward, forward) = check(
+            "syntax = \"proto3\"; package p; message E { V after = 1; } message V { reserved 2; int64 id = 1; repeated int64 n = 3; optional bytes t = 4; }",
+        );
+        assert_eq!((backward.is_ok(), forward.is_ok()), (true, true));
+        for breaking in [
+            "syntax = \"proto3\"; package q; message E { V after = 1; } message V { int32 id = 1; }",
+            "syntax = \"proto3\"; package p; message V { int32 id = 1; }",
+            "syntax = \"proto3\"; package p; message E { V after = 1; } message V { string id = 1; }",
+            "syntax = \"proto3\"; package p; message E { V after = 1; } message V { int32 id = 1; int64 n = 3; }",
+        ] {
+            let (backward, _) = check(breaking);
+            assert!(backward.is_err(), "{breaking}");
+        }
+        // Removing a message breaks readers of old data, not writers of new.
+        let (backward, forward) =
+            check("syntax = \"proto3\"; package p; message V { int32 id = 1; }");
+        assert!(backward.is_err_and(|e| e.contains("`p.E` is missing")));
+        assert!(forward.is_ok());
     }
 }

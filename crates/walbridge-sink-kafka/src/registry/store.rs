@@ -218,6 +218,14 @@ impl Store {
         Ok(imports)
     }
 
+    /// The descriptor of the Protobuf `schema`, with what it references.
+    fn descriptor(
+        &self,
+        schema: &StoredSchema,
+    ) -> Result<prost_types::FileDescriptorProto, RegistryError> {
+        super::protobuf::descriptor(&schema.schema, &self.imports(&schema.references)?)
+    }
+
     /// `schema` in the form two schemas are compared in (see
     /// [`super::normalize`]); for Protobuf, the serialized descriptor
     /// deserializers ask for.
@@ -333,7 +341,25 @@ impl Store {
                     .collect()
             })
             .unwrap_or_default();
-        super::check_compatibility(level, &schema, &previous)?;
+        match schema.schema_type {
+            SchemaType::Avro => {
+                let previous: Vec<&StoredSchema> = previous
+                    .into_iter()
+                    .filter(|s| s.schema_type == SchemaType::Avro)
+                    .collect();
+                super::check_avro(level, &schema, &previous)?;
+            }
+            SchemaType::Protobuf if level != Compatibility::None => {
+                let new = self.descriptor(&schema)?;
+                let previous = previous
+                    .into_iter()
+                    .filter(|s| s.schema_type == SchemaType::Protobuf)
+                    .map(|s| self.descriptor(s))
+                    .collect::<Result<Vec<_>, _>>()?;
+                super::check_protobuf(level, &new, &previous)?;
+            }
+            SchemaType::Protobuf | SchemaType::Json => {}
+        }
         let mut existing_id = None;
         for (id, stored) in &self.state.schemas {
             if stored.schema_type == schema.schema_type && self.normalize(stored)? == normalized {
