@@ -88,14 +88,6 @@ impl RecordSchemas for AvroSchemas {
     // Avro resolves fields by name: a schema stands on its own.
     const FOLLOWS_PREVIOUS: bool = false;
 
-    fn record_name(&self, topic: &str, part: Part) -> String {
-        let record = match part {
-            Part::Key => "Key",
-            Part::Envelope => "Envelope",
-        };
-        format!("{}.{record}", namespace(topic))
-    }
-
     fn schema(
         &self,
         topic: &str,

@@ -380,6 +380,16 @@ pub(super) enum Part {
     Envelope,
 }
 
+impl Part {
+    /// The name of the schema's first record or message.
+    fn record(self) -> &'static str {
+        match self {
+            Part::Key => "Key",
+            Part::Envelope => "Envelope",
+        }
+    }
+}
+
 /// Registers a format's schemas under the subjects the strategy names.
 struct Registrar {
     registry: RegistryClient,
@@ -454,7 +464,9 @@ pub(super) trait RecordSchemas {
     /// (`previous` below); else the registry is not asked for it.
     const FOLLOWS_PREVIOUS: bool;
     /// The fully qualified name of `part`'s first record on `topic`.
-    fn record_name(&self, topic: &str, part: Part) -> String;
+    fn record_name(&self, topic: &str, part: Part) -> String {
+        format!("{}.{}", namespace(topic), part.record())
+    }
     /// The schema of `part` on `topic` made of `fields` (every column for
     /// the envelope's rows, the key's columns for the key), which it may
     /// renumber; `previous` is the latest schema registered for it.

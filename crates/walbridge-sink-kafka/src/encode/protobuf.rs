@@ -191,14 +191,6 @@ impl RecordSchemas for ProtobufSchemas {
     // Protobuf identifies fields by number: numbers must outlive versions.
     const FOLLOWS_PREVIOUS: bool = true;
 
-    fn record_name(&self, topic: &str, part: Part) -> String {
-        let message = match part {
-            Part::Key => "Key",
-            Part::Envelope => "Envelope",
-        };
-        format!("{}.{message}", namespace(topic))
-    }
-
     fn schema(
         &self,
         topic: &str,
