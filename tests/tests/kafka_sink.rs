@@ -548,6 +548,13 @@ fn avro_events_through_the_embedded_registry() {
              '2024-05-06 07:08:09.123456', '2024-05-06 07:08:09.123456+02', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11',
              '{\"k\": [1, 2]}', '{a,NULL,\"b c\"}', '{1,2}', 'happy', 'NaN');",
     );
+    let check = p.wb.command(&["check"]);
+    let out = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        out.contains("schemas go to the registry walbridge serves"),
+        "{out}{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
     let running = p.wb.start();
     let topic = "src.public.kinds";
     let read = |expect: usize| read_registered(&p, &registry, "avro", topic, expect, None);
@@ -757,6 +764,23 @@ fn a_registry_behind_tls_and_basic_auth() {
     // that sink stops.
     let log = wait_for_log(&p.wb, "401");
     assert!(log.contains("denied"), "{log}");
+    // `walbridge check` asks the registry too, with each sink's credentials.
+    let check = p.wb.command(&["check"]);
+    let (out, err) = (
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr),
+    );
+    assert!(
+        !check.status.success()
+            && out.contains(&format!(
+                "sink `secured`: 1 Kafka broker(s) reachable at {}; schema registry at {} answers",
+                p.broker.bootstrap(),
+                proxy.url()
+            ))
+            && err.contains("error: sink `denied`")
+            && err.contains("401"),
+        "{out}{err}"
+    );
     p.publisher.psql("INSERT INTO items VALUES (2, 'two')");
     let read = walbridge_tests::kafka::consume_with_registry(
         &p.broker.bootstrap(),

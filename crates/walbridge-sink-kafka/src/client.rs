@@ -10,9 +10,10 @@ use rdkafka::error::KafkaResult;
 use rdkafka::metadata::Metadata;
 use rdkafka::producer::ThreadedProducer;
 
-use crate::config::KafkaSinkConfig;
+use crate::config::{Format, KafkaSinkConfig};
 use crate::delivery::DeliveryContext;
 use crate::error::SinkError;
+use crate::registry::client::RegistryClient;
 
 /// How long the start-up check waits for the cluster's metadata.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -131,8 +132,14 @@ pub async fn check_reachable(
     }
 }
 
-/// `walbridge check`: the configuration is usable and the cluster answers.
-pub async fn health_check(config: &KafkaSinkConfig) -> Result<String, SinkError> {
+/// `walbridge check`: the configuration is usable, the cluster answers,
+/// and so does the schema registry Avro or Protobuf needs — unless it is
+/// `embedded_registry`, the one walbridge serves itself (`[schema_registry]`),
+/// which only runs with the pipeline.
+pub async fn health_check(
+    config: &KafkaSinkConfig,
+    embedded_registry: Option<&str>,
+) -> Result<String, SinkError> {
     let problems = config.validate();
     if !problems.is_empty() {
         return Err(SinkError::Config(problems.join("; ")));
@@ -143,10 +150,22 @@ pub async fn health_check(config: &KafkaSinkConfig) -> Result<String, SinkError>
         &config.brokers,
     )
     .await?;
-    Ok(format!(
-        "{brokers} Kafka broker(s) reachable at {}",
-        config.brokers
-    ))
+    let mut report = format!("{brokers} Kafka broker(s) reachable at {}", config.brokers);
+    if let Some(registry) = config.schema_registry.as_ref().map(|r| r.config())
+        && config.format != Format::Json
+    {
+        if embedded_registry == Some(registry.url.as_str()) {
+            report.push_str("; schemas go to the registry walbridge serves");
+        } else {
+            let subjects = RegistryClient::new(&registry)?.subjects().await?;
+            report.push_str(&format!(
+                "; schema registry at {} answers ({} subjects)",
+                registry.url,
+                subjects.len()
+            ));
+        }
+    }
+    Ok(report)
 }
 
 #[cfg(test)]

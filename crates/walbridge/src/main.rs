@@ -162,14 +162,17 @@ async fn check(path: &std::path::Path) -> Result<(), Failure> {
         }
         errors += source_errors;
     }
+    let embedded_registry = config.schema_registry.as_ref().map(|r| r.url());
     for sink in &config.sinks {
         let health = match sink {
             config::SinkConfig::Postgres(c) => walbridge_sink_postgres::health_check(c)
                 .await
                 .map_err(anyhow::Error::new),
-            config::SinkConfig::Kafka(c) => walbridge_sink_kafka::health_check(c)
-                .await
-                .map_err(anyhow::Error::new),
+            config::SinkConfig::Kafka(c) => {
+                walbridge_sink_kafka::health_check(c, embedded_registry.as_deref())
+                    .await
+                    .map_err(anyhow::Error::new)
+            }
             config::SinkConfig::Jsonl(_) => continue,
         };
         match health {

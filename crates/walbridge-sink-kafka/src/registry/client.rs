@@ -63,6 +63,38 @@ impl RegistryClient {
         })
     }
 
+    /// The subjects the registry holds (a request any registry answers,
+    /// whatever it stores: a reachability and credentials check).
+    pub async fn subjects(&self) -> Result<Vec<String>, RegistryError> {
+        let url = format!("{}/subjects", self.base);
+        let remote = |reason: String, status: Option<u16>| RegistryError::Remote {
+            url: url.clone(),
+            reason,
+            status,
+        };
+        let mut request = self.http.get(&url);
+        if let Some((user, password)) = &self.credentials {
+            request = request.basic_auth(user, password.as_ref());
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| remote(e.to_string(), None))?;
+        let status = response.status();
+        let text = response
+            .text()
+            .await
+            .map_err(|e| remote(e.to_string(), None))?;
+        if !status.is_success() {
+            return Err(remote(
+                format!("answered {status}: {text}"),
+                Some(status.as_u16()),
+            ));
+        }
+        serde_json::from_str(&text)
+            .map_err(|e| remote(format!("unexpected answer ({e}): {text}"), None))
+    }
+
     /// The text of the latest schema registered under `subject`, or `None`
     /// when the subject has none.
     pub async fn latest(&self, subject: &str) -> Result<Option<String>, RegistryError> {
