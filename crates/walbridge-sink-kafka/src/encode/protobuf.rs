@@ -305,12 +305,22 @@ const FIXED64: u32 = 1;
 const LENGTH_DELIMITED: u32 = 2;
 const FIXED32: u32 = 5;
 
-fn write_varint(out: &mut Vec<u8>, mut value: u64) {
+/// The varint encoding of `value`: its bytes and how many there are.
+fn varint_bytes(mut value: u64) -> ([u8; 10], usize) {
+    let mut bytes = [0u8; 10];
+    let mut n = 0;
     while value >= 0x80 {
-        out.push((value as u8) | 0x80);
+        bytes[n] = (value as u8) | 0x80;
         value >>= 7;
+        n += 1;
     }
-    out.push(value as u8);
+    bytes[n] = value as u8;
+    (bytes, n + 1)
+}
+
+fn write_varint(out: &mut Vec<u8>, value: u64) {
+    let (bytes, n) = varint_bytes(value);
+    out.extend_from_slice(&bytes[..n]);
 }
 
 fn write_tag(out: &mut Vec<u8>, number: u32, wire_type: u32) {
@@ -330,11 +340,25 @@ fn write_len(out: &mut Vec<u8>, number: u32, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
+/// Starts a message field: its tag. The body follows in `out`; then
+/// [`end_message`] puts its length in front of it (written in place: no
+/// buffer per nested message).
+fn start_message(out: &mut Vec<u8>, number: u32) -> usize {
+    write_tag(out, number, LENGTH_DELIMITED);
+    out.len()
+}
+
+/// Ends the message field whose body starts at `start`.
+fn end_message(out: &mut Vec<u8>, start: usize) {
+    let (prefix, n) = varint_bytes((out.len() - start) as u64);
+    out.splice(start..start, prefix[..n].iter().copied());
+}
+
 /// A message field whose body `body` writes.
 fn write_message(out: &mut Vec<u8>, number: u32, body: impl FnOnce(&mut Vec<u8>)) {
-    let mut inner = Vec::new();
-    body(&mut inner);
-    write_len(out, number, &inner);
+    let start = start_message(out, number);
+    body(out);
+    end_message(out, start);
 }
 
 /// `google.protobuf.Timestamp` of microseconds since 1970-01-01 UTC.
@@ -537,9 +561,9 @@ impl ProtobufEncoder {
         write_wire_header(&mut out, schemas.envelope_id);
         for (number, image) in [(1, &event.before), (2, &event.after)] {
             if let Some(image) = image {
-                let mut row = Vec::with_capacity(128);
-                self.write_row(&mut row, &schemas.value_fields, relation, image)?;
-                write_len(&mut out, number, &row);
+                let start = start_message(&mut out, number);
+                self.write_row(&mut out, &schemas.value_fields, relation, image)?;
+                end_message(&mut out, start);
             }
         }
         write_source(&mut out, 3, &event.source);
@@ -810,6 +834,16 @@ mod tests {
         assert_eq!(field(&after, "gone"), None);
         // Every byte was a known field, written as protobuf writes it.
         assert_eq!(after.encode_to_vec(), value);
+    }
+
+    /// Lengths written in front of a nested body in place, including
+    /// ones that take more than one byte.
+    #[test]
+    fn nested_messages_get_their_length_in_front() {
+        let mut out = vec![];
+        write_message(&mut out, 1, |m| write_len(m, 1, &[7u8; 300]));
+        assert_eq!(out[..6], [0x0a, 0xaf, 0x02, 0x0a, 0xac, 0x02]);
+        assert_eq!(out.len(), 306);
     }
 
     #[test]

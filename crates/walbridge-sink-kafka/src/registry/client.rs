@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::{RegistryError, SchemaType};
@@ -63,16 +64,19 @@ impl RegistryClient {
         })
     }
 
-    /// The subjects the registry holds (a request any registry answers,
-    /// whatever it stores: a reachability and credentials check).
-    pub async fn subjects(&self) -> Result<Vec<String>, RegistryError> {
-        let url = format!("{}/subjects", self.base);
+    /// Sends `request` to `url` with the configured credentials and reads
+    /// the JSON answer; `doing` says what for in errors.
+    async fn send<T: DeserializeOwned>(
+        &self,
+        mut request: reqwest::RequestBuilder,
+        url: &str,
+        doing: &str,
+    ) -> Result<T, RegistryError> {
         let remote = |reason: String, status: Option<u16>| RegistryError::Remote {
-            url: url.clone(),
+            url: url.to_owned(),
             reason,
             status,
         };
-        let mut request = self.http.get(&url);
         if let Some((user, password)) = &self.credentials {
             request = request.basic_auth(user, password.as_ref());
         }
@@ -87,7 +91,7 @@ impl RegistryClient {
             .map_err(|e| remote(e.to_string(), None))?;
         if !status.is_success() {
             return Err(remote(
-                format!("answered {status}: {text}"),
+                format!("{doing} answered {status}: {text}"),
                 Some(status.as_u16()),
             ));
         }
@@ -95,42 +99,29 @@ impl RegistryClient {
             .map_err(|e| remote(format!("unexpected answer ({e}): {text}"), None))
     }
 
+    /// The subjects the registry holds (a request any registry answers,
+    /// whatever it stores: a reachability and credentials check).
+    pub async fn subjects(&self) -> Result<Vec<String>, RegistryError> {
+        let url = format!("{}/subjects", self.base);
+        self.send(self.http.get(&url), &url, "listing the subjects")
+            .await
+    }
+
     /// The text of the latest schema registered under `subject`, or `None`
     /// when the subject has none.
     pub async fn latest(&self, subject: &str) -> Result<Option<String>, RegistryError> {
         let url = format!("{}/subjects/{subject}/versions/latest", self.base);
-        let remote = |reason: String, status: Option<u16>| RegistryError::Remote {
-            url: url.clone(),
-            reason,
-            status,
-        };
-        let mut request = self.http.get(&url);
-        if let Some((user, password)) = &self.credentials {
-            request = request.basic_auth(user, password.as_ref());
-        }
-        let response = request
-            .send()
+        let doing = format!("reading the latest version of subject `{subject}`");
+        match self
+            .send::<SubjectVersion>(self.http.get(&url), &url, &doing)
             .await
-            .map_err(|e| remote(e.to_string(), None))?;
-        let status = response.status();
-        let text = response
-            .text()
-            .await
-            .map_err(|e| remote(e.to_string(), None))?;
-        if status == reqwest::StatusCode::NOT_FOUND {
-            return Ok(None);
+        {
+            Ok(version) => Ok(Some(version.schema)),
+            Err(RegistryError::Remote {
+                status: Some(404), ..
+            }) => Ok(None),
+            Err(e) => Err(e),
         }
-        if !status.is_success() {
-            return Err(remote(
-                format!(
-                    "reading the latest version of subject `{subject}` answered {status}: {text}"
-                ),
-                Some(status.as_u16()),
-            ));
-        }
-        let version: SubjectVersion = serde_json::from_str(&text)
-            .map_err(|e| remote(format!("unexpected answer ({e}): {text}"), None))?;
-        Ok(Some(version.schema))
     }
 
     /// The id of `schema` under `subject`, registering it the first time
@@ -146,35 +137,17 @@ impl RegistryClient {
             return Ok(*id);
         }
         let url = format!("{}/subjects/{subject}/versions", self.base);
-        let remote = |reason: String| RegistryError::Remote {
-            url: url.clone(),
-            reason,
-            status: None,
-        };
         let mut body = json!({"schema": schema});
         if schema_type != SchemaType::Avro {
             body["schemaType"] = json!(schema_type);
         }
-        let mut request = self
+        let request = self
             .http
             .post(&url)
             .header("Content-Type", "application/vnd.schemaregistry.v1+json")
             .body(body.to_string());
-        if let Some((user, password)) = &self.credentials {
-            request = request.basic_auth(user, password.as_ref());
-        }
-        let response = request.send().await.map_err(|e| remote(e.to_string()))?;
-        let status = response.status();
-        let text = response.text().await.map_err(|e| remote(e.to_string()))?;
-        if !status.is_success() {
-            return Err(RegistryError::Remote {
-                url: url.clone(),
-                reason: format!("registering under subject `{subject}` answered {status}: {text}"),
-                status: Some(status.as_u16()),
-            });
-        }
-        let registered: Registered = serde_json::from_str(&text)
-            .map_err(|e| remote(format!("unexpected answer ({e}): {text}")))?;
+        let doing = format!("registering under subject `{subject}`");
+        let registered: Registered = self.send(request, &url, &doing).await?;
         self.ids.insert(cache_key, registered.id);
         Ok(registered.id)
     }

@@ -64,6 +64,9 @@ struct State {
 pub struct Store {
     path: PathBuf,
     state: State,
+    /// Each stored schema in the form schemas compare in, computed once
+    /// (for Protobuf that is a compilation).
+    normalized: HashMap<i32, String>,
 }
 
 /// What a registration did.
@@ -91,10 +94,20 @@ impl Store {
                 });
             }
         };
-        Ok(Store {
+        let mut store = Store {
             path: path.to_owned(),
             state,
-        })
+            normalized: HashMap::new(),
+        };
+        // A schema stored by a version that checked less and no longer
+        // normalizes simply never matches.
+        store.normalized = store
+            .state
+            .schemas
+            .iter()
+            .filter_map(|(id, schema)| Some((*id, store.normalize(schema).ok()?)))
+            .collect();
+        Ok(store)
     }
 
     fn save(&self) -> Result<(), RegistryError> {
@@ -300,18 +313,33 @@ impl Store {
         schema: &StoredSchema,
     ) -> Result<Option<Registered>, RegistryError> {
         let wanted = self.normalize(schema)?;
-        for version in self.versions(subject)? {
-            if let Some(stored) = self.state.schemas.get(&version.id)
-                && stored.schema_type == schema.schema_type
-                && self.normalize(stored)? == wanted
-            {
-                return Ok(Some(Registered {
+        self.find(subject, schema.schema_type, &wanted)
+    }
+
+    /// The version of `subject` whose schema is of `schema_type` and in
+    /// the form `normalized`.
+    fn find(
+        &self,
+        subject: &str,
+        schema_type: SchemaType,
+        normalized: &str,
+    ) -> Result<Option<Registered>, RegistryError> {
+        Ok(self.versions(subject)?.into_iter().find_map(|version| {
+            self.is_stored_as(version.id, schema_type, normalized)
+                .then_some(Registered {
                     id: version.id,
                     version: version.version,
-                }));
-            }
-        }
-        Ok(None)
+                })
+        }))
+    }
+
+    /// True when schema `id` is of `schema_type` and in the form `normalized`.
+    fn is_stored_as(&self, id: i32, schema_type: SchemaType, normalized: &str) -> bool {
+        self.state
+            .schemas
+            .get(&id)
+            .is_some_and(|s| s.schema_type == schema_type)
+            && self.normalized.get(&id).is_some_and(|n| n == normalized)
     }
 
     /// Registers `schema` under `subject`: the existing version when it is
@@ -324,7 +352,7 @@ impl Store {
     ) -> Result<Registered, RegistryError> {
         let normalized = self.normalize(&schema)?;
         if self.state.subjects.contains_key(subject)
-            && let Ok(Some(found)) = self.lookup(subject, &schema)
+            && let Ok(Some(found)) = self.find(subject, schema.schema_type, &normalized)
         {
             return Ok(found);
         }
@@ -360,13 +388,12 @@ impl Store {
             }
             SchemaType::Protobuf | SchemaType::Json => {}
         }
-        let mut existing_id = None;
-        for (id, stored) in &self.state.schemas {
-            if stored.schema_type == schema.schema_type && self.normalize(stored)? == normalized {
-                existing_id = Some(*id);
-                break;
-            }
-        }
+        let existing_id = self
+            .state
+            .schemas
+            .keys()
+            .copied()
+            .find(|id| self.is_stored_as(*id, schema.schema_type, &normalized));
         let id = match existing_id {
             Some(id) => id,
             None => {
@@ -377,6 +404,7 @@ impl Store {
                     .next_back()
                     .map_or(1, |last| last + 1);
                 self.state.schemas.insert(id, schema);
+                self.normalized.insert(id, normalized);
                 id
             }
         };
