@@ -345,21 +345,22 @@ impl AvroEncoder {
         Ok(out)
     }
 
+    /// The wire header of a record of the fixed schema `record` whose
+    /// fields `fields` gives.
     async fn fixed(
         &mut self,
         topic: &str,
         is_key: bool,
-        schema: Value,
+        record: &'static str,
+        fields: impl FnOnce() -> Value,
     ) -> Result<Vec<u8>, SinkError> {
-        let document = SchemaDocument {
-            name: format!(
-                "{}.{}",
-                schema["namespace"].as_str().unwrap_or_default(),
-                schema["name"].as_str().unwrap_or_default()
-            ),
-            text: schema.to_string(),
-        };
-        let id = self.state.register(topic, is_key, &document).await?;
+        let id = self
+            .state
+            .fixed_id(topic, is_key, record, |namespace| {
+                json!({"type": "record", "name": record, "namespace": namespace, "fields": fields()})
+                    .to_string()
+            })
+            .await?;
         let mut out = Vec::with_capacity(64);
         wire_header(&mut out, id);
         Ok(out)
@@ -372,9 +373,12 @@ impl AvroEncoder {
         source: &str,
         id: &str,
     ) -> Result<Vec<u8>, SinkError> {
-        let schema = json!({"type": "record", "name": "TransactionKey", "namespace": namespace(topic), "fields": [
-            {"name": "source", "type": "string"}, {"name": "id", "type": "string"}]});
-        let mut out = self.fixed(topic, true, schema).await?;
+        let mut out = self
+            .fixed(topic, true, "TransactionKey", || {
+                json!([
+                    {"name": "source", "type": "string"}, {"name": "id", "type": "string"}])
+            })
+            .await?;
         write_bytes(&mut out, source.as_bytes());
         write_bytes(&mut out, id.as_bytes());
         Ok(out)
@@ -387,17 +391,20 @@ impl AvroEncoder {
         source: &str,
         record: &TransactionRecord<'_>,
     ) -> Result<Vec<u8>, SinkError> {
-        let schema = json!({"type": "record", "name": "TransactionValue", "namespace": namespace(topic), "fields": [
-            {"name": "status", "type": "string"},
-            {"name": "id", "type": "string"},
-            {"name": "source", "type": "string"},
-            {"name": "event_count", "type": ["null", "long"], "default": null},
-            {"name": "data_collections", "type": ["null", {"type": "array", "items": {
-                "type": "record", "name": "DataCollection", "fields": [
-                    {"name": "data_collection", "type": "string"},
-                    {"name": "event_count", "type": "long"}]}}], "default": null},
-            {"name": "ts_ms", "type": "long"}]});
-        let mut out = self.fixed(topic, false, schema).await?;
+        let mut out = self
+            .fixed(topic, false, "TransactionValue", || {
+                json!([
+                    {"name": "status", "type": "string"},
+                    {"name": "id", "type": "string"},
+                    {"name": "source", "type": "string"},
+                    {"name": "event_count", "type": ["null", "long"], "default": null},
+                    {"name": "data_collections", "type": ["null", {"type": "array", "items": {
+                        "type": "record", "name": "DataCollection", "fields": [
+                            {"name": "data_collection", "type": "string"},
+                            {"name": "event_count", "type": "long"}]}}], "default": null},
+                    {"name": "ts_ms", "type": "long"}])
+            })
+            .await?;
         let status = match record.status {
             TransactionStatus::Begin => "BEGIN",
             TransactionStatus::End => "END",
@@ -426,9 +433,14 @@ impl AvroEncoder {
 
     /// The key of a logical decoding message.
     pub async fn message_key(&mut self, topic: &str, prefix: &str) -> Result<Vec<u8>, SinkError> {
-        let schema = json!({"type": "record", "name": "MessageKey", "namespace": namespace(topic),
-            "fields": [{"name": "prefix", "type": "string"}]});
-        let mut out = self.fixed(topic, true, schema).await?;
+        let mut out = self
+            .fixed(
+                topic,
+                true,
+                "MessageKey",
+                || json!([{"name": "prefix", "type": "string"}]),
+            )
+            .await?;
         write_bytes(&mut out, prefix.as_bytes());
         Ok(out)
     }
@@ -440,15 +452,18 @@ impl AvroEncoder {
         source: &SourceBlock<'_>,
         message: &LogicalMessage,
     ) -> Result<Vec<u8>, SinkError> {
-        let schema = json!({"type": "record", "name": "MessageValue", "namespace": namespace(topic), "fields": [
-            {"name": "op", "type": "string"},
-            {"name": "ts_ms", "type": "long"},
-            {"name": "ts_us", "type": "long"},
-            {"name": "source", "type": source_schema()},
-            {"name": "message", "type": {"type": "record", "name": "Message",
-                "namespace": "io.debezium.connector.postgresql", "fields": [
-                {"name": "prefix", "type": "string"}, {"name": "content", "type": "bytes"}]}}]});
-        let mut out = self.fixed(topic, false, schema).await?;
+        let mut out = self
+            .fixed(topic, false, "MessageValue", || {
+                json!([
+                    {"name": "op", "type": "string"},
+                    {"name": "ts_ms", "type": "long"},
+                    {"name": "ts_us", "type": "long"},
+                    {"name": "source", "type": source_schema()},
+                    {"name": "message", "type": {"type": "record", "name": "Message",
+                        "namespace": "io.debezium.connector.postgresql", "fields": [
+                        {"name": "prefix", "type": "string"}, {"name": "content", "type": "bytes"}]}}])
+            })
+            .await?;
         let now = PgTimestamp::now().unix_micros();
         write_bytes(&mut out, b"m");
         write_long(&mut out, now.div_euclid(1000));

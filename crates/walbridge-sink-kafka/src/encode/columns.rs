@@ -489,6 +489,8 @@ pub(super) struct SchemaState<F> {
     /// Written for unchanged TOASTed values.
     pub placeholder: String,
     topics: HashMap<String, Arc<TopicSchemas>>,
+    /// Ids of the fixed schemas by topic and record name.
+    fixed: HashMap<String, HashMap<&'static str, i32>>,
 }
 
 impl<F: RecordSchemas> SchemaState<F> {
@@ -505,18 +507,34 @@ impl<F: RecordSchemas> SchemaState<F> {
             format,
             placeholder: placeholder.to_owned(),
             topics: HashMap::new(),
+            fixed: HashMap::new(),
         })
     }
 
-    /// Registers a schema that does not depend on a relation (the
-    /// transaction and message topics').
-    pub(super) async fn register(
+    /// The id of the fixed schema whose first record is `record` (the
+    /// transaction and message topics'), its text made by `text` from the
+    /// topic's namespace and registered the first time `topic` needs it.
+    pub(super) async fn fixed_id(
         &mut self,
         topic: &str,
         is_key: bool,
-        schema: &SchemaDocument,
+        record: &'static str,
+        text: impl FnOnce(&str) -> String,
     ) -> Result<i32, SinkError> {
-        self.registrar.register(topic, is_key, schema).await
+        if let Some(id) = self.fixed.get(topic).and_then(|ids| ids.get(record)) {
+            return Ok(*id);
+        }
+        let namespace = namespace(topic);
+        let document = SchemaDocument {
+            name: format!("{namespace}.{record}"),
+            text: text(&namespace),
+        };
+        let id = self.registrar.register(topic, is_key, &document).await?;
+        self.fixed
+            .entry(topic.to_owned())
+            .or_default()
+            .insert(record, id);
+        Ok(id)
     }
 
     /// Registers the schema of `part` of `topic` made of `fields`.

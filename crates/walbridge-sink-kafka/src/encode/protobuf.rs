@@ -581,25 +581,21 @@ impl ProtobufEncoder {
         Ok(out)
     }
 
-    /// The wire header of a message of a fixed schema made of `messages`
-    /// (the first is the one written) in the topic's package.
+    /// The wire header of message `record`, the first of the fixed
+    /// schema made of `messages` in the topic's package.
     async fn fixed(
         &mut self,
         topic: &str,
         is_key: bool,
+        record: &'static str,
         messages: &[&str],
     ) -> Result<Vec<u8>, SinkError> {
-        let package = namespace(topic);
-        let first = messages
-            .first()
-            .and_then(|m| m.strip_prefix("message "))
-            .and_then(|m| m.split_whitespace().next())
-            .unwrap_or_default();
-        let document = SchemaDocument {
-            name: format!("{package}.{first}"),
-            text: proto_file(&package, [], messages),
-        };
-        let id = self.state.register(topic, is_key, &document).await?;
+        let id = self
+            .state
+            .fixed_id(topic, is_key, record, |package| {
+                proto_file(package, [], messages)
+            })
+            .await?;
         let mut out = Vec::with_capacity(64);
         write_wire_header(&mut out, id);
         Ok(out)
@@ -613,7 +609,9 @@ impl ProtobufEncoder {
         id: &str,
     ) -> Result<Vec<u8>, SinkError> {
         let message = "message TransactionKey {\n  string source = 1;\n  string id = 2;\n}\n";
-        let mut out = self.fixed(topic, true, &[message]).await?;
+        let mut out = self
+            .fixed(topic, true, "TransactionKey", &[message])
+            .await?;
         write_len(&mut out, 1, source.as_bytes());
         write_len(&mut out, 2, id.as_bytes());
         Ok(out)
@@ -640,7 +638,9 @@ impl ProtobufEncoder {
   int64 event_count = 2;
 }
 ";
-        let mut out = self.fixed(topic, false, &[value, collection]).await?;
+        let mut out = self
+            .fixed(topic, false, "TransactionValue", &[value, collection])
+            .await?;
         let status = match record.status {
             TransactionStatus::Begin => "BEGIN",
             TransactionStatus::End => "END",
@@ -664,7 +664,7 @@ impl ProtobufEncoder {
     /// The key of a logical decoding message.
     pub async fn message_key(&mut self, topic: &str, prefix: &str) -> Result<Vec<u8>, SinkError> {
         let message = "message MessageKey {\n  string prefix = 1;\n}\n";
-        let mut out = self.fixed(topic, true, &[message]).await?;
+        let mut out = self.fixed(topic, true, "MessageKey", &[message]).await?;
         write_len(&mut out, 1, prefix.as_bytes());
         Ok(out)
     }
@@ -686,7 +686,12 @@ impl ProtobufEncoder {
 ";
         let content = "message Message {\n  string prefix = 1;\n  bytes content = 2;\n}\n";
         let mut out = self
-            .fixed(topic, false, &[value, SOURCE_MESSAGE, content])
+            .fixed(
+                topic,
+                false,
+                "MessageValue",
+                &[value, SOURCE_MESSAGE, content],
+            )
             .await?;
         let now = PgTimestamp::now().unix_micros();
         write_len(&mut out, 1, b"m");
