@@ -163,8 +163,9 @@ fn type_display(field: &FieldDescriptorProto) -> String {
     }
 }
 
-/// Whether data written with `writer` reads with `reader`, as Confluent's
-/// registry judges Protobuf schemas: the package is the same, every
+/// Whether data written with `writer` reads with `reader`, by the core of
+/// Confluent's rules for Protobuf (oneof and proto2 `required` changes are
+/// not checked): the package is the same, every
 /// message of the writer is in the reader, and each field number both
 /// use is encoded compatibly (one wire group, the same message or enum
 /// type; repeated and singular mix only for length-delimited types).
