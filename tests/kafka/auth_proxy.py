@@ -12,6 +12,7 @@ import argparse
 import base64
 import ssl
 import sys
+import threading
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,6 +27,9 @@ def main():
     parser.add_argument("--user", required=True)
     parser.add_argument("--password", required=True)
     args = parser.parse_args()
+    # print() writes the text and the newline separately: lines from two
+    # request threads would interleave without the lock.
+    output = threading.Lock()
     expected = "Basic " + base64.b64encode(f"{args.user}:{args.password}".encode()).decode()
 
     class Proxy(BaseHTTPRequestHandler):
@@ -49,7 +53,9 @@ def main():
             self.send_header("Content-Length", str(len(content)))
             self.end_headers()
             self.wfile.write(content)
-            print(f"{self.command} {self.path} {status}", flush=True)
+            with output:
+                sys.stdout.write(f"{self.command} {self.path} {status}\n")
+                sys.stdout.flush()
 
         do_GET = do_POST = do_PUT = do_DELETE = relay
 
