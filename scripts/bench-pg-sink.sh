@@ -12,6 +12,12 @@
 #   decode the same WAL from a slot created at the same point: the
 #   walsender's ceiling, which no client of one slot can pass.
 #
+# The benchmark waits on one connection per measurement (a psql started
+# every few milliseconds would fork a backend each time, taking CPU from
+# what is measured on a small machine), and reports the CPU time the
+# publisher's and the subscriber's servers and walbridge took in each
+# catch-up round.
+#
 #   scripts/bench-pg-sink.sh
 #   TRANSACTIONS=50000 ROUNDS=5 SYNC_ROUNDS=5 scripts/bench-pg-sink.sh
 set -euo pipefail
@@ -28,6 +34,36 @@ start_second_postgres "max_wal_size = 8GB" "shared_buffers = 512MB" "max_logical
 sub() { local db=$1; shift; psql -X -q -A -t -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port2" -U postgres -d "$db" "$@"; }
 now() { date +%s.%N; }
 elapsed() { python3 -c "print(f'{$(now) - $1:.3f}')"; }
+
+# Returns once `condition` holds in the subscriber's database `db`, asked
+# on one connection; fails if walbridge (when running) exits first.
+until_sub() {
+  local db=$1 condition=$2
+  sub "$db" -c "DO \$\$ BEGIN WHILE NOT ($condition) LOOP COMMIT; PERFORM pg_sleep(0.005); END LOOP; END \$\$" &
+  local waiter=$!
+  if [ -n "${wb_pid:-}" ]; then
+    wait -n "$waiter" "$wb_pid" || true
+    if ! kill -0 "$wb_pid" 2>/dev/null; then
+      kill "$waiter" 2>/dev/null || true
+      cat "$work/wb/stderr.log" >&2
+      exit 1
+    fi
+  fi
+  wait "$waiter"
+}
+
+# CPU seconds (user + system) a server's processes have used so far,
+# including exited ones (the postmaster collects their times).
+server_cpu() {
+  local postmaster; postmaster=$(head -1 "$1/postmaster.pid")
+  awk -v pm="$postmaster" -v hz="$(getconf CLK_TCK)" '
+    { sub(/^.*\) /, "") }  # drop "pid (comm) ": fields now start at state
+    $2 == pm { t += $12 + $13 }
+    FILENAME ~ "/" pm "/stat$" { t += $12 + $13 + $14 + $15 }
+    END { printf "%.2f", t / hz }' /proc/[0-9]*/stat 2>/dev/null
+}
+process_cpu() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.2f", ($12 + $13) / hz }' "/proc/$1/stat"; }
+minus() { python3 -c "print(f'{$1 - $2:.2f}')"; }
 
 psql_db postgres -c "CREATE DATABASE bench" >/dev/null
 pgbench -q -i -s 10 -h 127.0.0.1 -p "$port" -U postgres bench >/dev/null 2>&1
@@ -51,7 +87,7 @@ name = "replica"
 type = "postgres"
 connection = "host=127.0.0.1 port=$port2 dbname=wb user=postgres sslmode=disable"
 CONF
-applied_lsn() { sub wb -c "SELECT coalesce((SELECT remote_lsn::text FROM pg_replication_origin_status s JOIN pg_replication_origin o ON o.roident = s.local_id WHERE o.roname = 'walbridge_replica_bench' AND s.remote_lsn > '0/0'), '')"; }
+copied="EXISTS (SELECT FROM pg_replication_origin_status s JOIN pg_replication_origin o ON o.roident = s.local_id WHERE o.roname = 'walbridge_replica_bench' AND s.remote_lsn > '0/0')"
 start_walbridge() { "$bin" run -c "$work/wb/config.toml" 2>>"$work/wb/stderr.log" & wb_pid=$!; }
 stop_walbridge() { kill -TERM "$wb_pid"; wait "$wb_pid" || true; wb_pid=; }
 tables="pgbench_accounts, pgbench_branches, pgbench_tellers, pgbench_history, bench_marker"
@@ -73,16 +109,13 @@ for round in $(seq 1 "$sync_rounds"); do
   fi
   start=$(now)
   sub native -c "CREATE SUBSCRIPTION native_sub CONNECTION 'host=127.0.0.1 port=$port dbname=bench user=postgres' PUBLICATION bench_pub" >/dev/null 2>&1
-  until [ "$(sub native -c "SELECT count(*) FILTER (WHERE srsubstate <> 'r') = 0 AND count(*) = 5 FROM pg_subscription_rel")" = t ]; do sleep 0.02; done
+  until_sub native "SELECT count(*) FILTER (WHERE srsubstate <> 'r') = 0 AND count(*) = 5 FROM pg_subscription_rel"
   native_sync=$(elapsed "$start")
 
   start=$(now)
   start_walbridge
   # The source's position appears once every copy connection has committed.
-  until [ -n "$(applied_lsn)" ]; do
-    kill -0 "$wb_pid" 2>/dev/null || { cat "$work/wb/stderr.log" >&2; exit 1; }
-    sleep 0.02
-  done
+  until_sub wb "$copied"
   wb_sync=$(elapsed "$start")
   accounts=$(sub wb -c "SELECT count(*) FROM pgbench_accounts")
   [ "$accounts" = 1000000 ] || { echo "walbridge copied $accounts rows, not 1000000" >&2; cat "$work/wb/stderr.log" >&2; exit 1; }
@@ -100,26 +133,33 @@ for round in $(seq 1 "$rounds"); do
   pgbench -n -c $clients -j 2 -t $((transactions / clients)) -h 127.0.0.1 -p "$port" -U postgres bench >/dev/null
   psql_db bench -c "INSERT INTO bench_marker VALUES ($round)" >/dev/null
   end=$(psql_db bench -c "SELECT pg_current_wal_lsn()")
+  # Settle the publisher first: autovacuum of what pgbench changed and
+  # dirty buffers would otherwise share the CPU with whichever measurement
+  # comes first (pg_recvlogical's).
+  psql_db bench -c "VACUUM ANALYZE" -c "CHECKPOINT" >/dev/null
+  sub native -c "CHECKPOINT" >/dev/null
 
-  start=$(now)
+  start=$(now) pub_cpu=$(server_cpu "$work/data")
   pg_recvlogical -h 127.0.0.1 -p "$port" -U postgres -d bench -S recv_slot --start -E "$end" \
     -o proto_version=1 -o publication_names=bench_pub -f /dev/null
   recv=$(elapsed "$start")
+  recv_cpu="publisher $(minus "$(server_cpu "$work/data")" "$pub_cpu") s"
   psql_db bench -c "SELECT pg_drop_replication_slot('recv_slot')" >/dev/null
 
-  start=$(now)
+  marker="EXISTS (SELECT FROM bench_marker WHERE round = $round)"
+  start=$(now) pub_cpu=$(server_cpu "$work/data") sub_cpu=$(server_cpu "$work/data2")
   sub native -c "ALTER SUBSCRIPTION native_sub ENABLE" >/dev/null
-  until [ "$(sub native -c "SELECT count(*) FROM bench_marker WHERE round = $round")" = 1 ]; do sleep 0.01; done
+  until_sub native "$marker"
   native=$(elapsed "$start")
+  native_cpu="publisher $(minus "$(server_cpu "$work/data")" "$pub_cpu") s, subscriber $(minus "$(server_cpu "$work/data2")" "$sub_cpu") s"
 
-  start=$(now)
+  start=$(now) pub_cpu=$(server_cpu "$work/data") sub_cpu=$(server_cpu "$work/data2")
   start_walbridge
-  until [ "$(sub wb -c "SELECT count(*) FROM bench_marker WHERE round = $round")" = 1 ]; do
-    kill -0 "$wb_pid" 2>/dev/null || { cat "$work/wb/stderr.log" >&2; exit 1; }
-    sleep 0.01
-  done
+  until_sub wb "$marker"
   wb=$(elapsed "$start")
+  wb_cpu="publisher $(minus "$(server_cpu "$work/data")" "$pub_cpu") s, subscriber $(minus "$(server_cpu "$work/data2")" "$sub_cpu") s, walbridge $(process_cpu "$wb_pid") s"
   echo "round $round: $transactions transactions: pg_recvlogical ${recv}s, native ${native}s, walbridge ${wb}s"
+  echo "  CPU: pg_recvlogical: $recv_cpu; native: $native_cpu; walbridge: $wb_cpu"
   results+=("$recv $native $wb")
 done
 rss=$(awk '/VmHWM/ {print $2}' "/proc/$wb_pid/status")
