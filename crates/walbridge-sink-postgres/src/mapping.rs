@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use tokio_postgres::types::Type;
 use walbridge_core::template::{Template, TemplatePart, TemplateValues};
 use walbridge_core::{Oid, Relation, ReplicaIdentity, ValueKind};
 use walbridge_pg::{quote_ident, quote_literal};
@@ -90,6 +91,14 @@ pub struct MappedColumn {
     pub comparable: bool,
     /// What binary values (`binary = true` on the source) need.
     pub binary: BinaryForm,
+    /// The target column holds integers (`int2`, `int4`, `int8`, `oid`, or
+    /// a domain over one), ordered as numbers, not as their text.
+    pub integer: bool,
+    /// The array type batches bind this column's values as, when it is the
+    /// array of the column's own built-in type: the values are then read
+    /// by the type's input function as the array is parsed, instead of
+    /// becoming `text` first and being cast. `None`: `text[]` and a cast.
+    pub batch_array: Option<Type>,
 }
 
 /// Whether a column's binary (`typsend`) values from the publisher can be
@@ -290,6 +299,13 @@ impl Mapper {
                 source_type: column.type_display(),
                 comparable: target_column.comparable,
                 binary: binary_form(column.type_oid, &column.kind, target_column),
+                integer: matches!(
+                    ValueKind::builtin(target_column.base_oid),
+                    Some(ValueKind::Int2 | ValueKind::Int4 | ValueKind::Int8 | ValueKind::Oid)
+                ),
+                // Built-in types all write their arrays with `,` between elements.
+                batch_array: ValueKind::builtin(target_column.type_oid)
+                    .and_then(|_| Type::from_oid(target_column.array_oid)),
             });
         }
         let source_tag = match &self.source_column {

@@ -279,6 +279,9 @@ pub(crate) mod tests {
             source_type: "int4".into(),
             comparable,
             binary: crate::mapping::BinaryForm::AsIs,
+            integer: true,
+            // `doc` stands for a type that is not built in: bound as text.
+            batch_array: (name != "doc").then_some(Type::INT4_ARRAY),
         };
         TableMap {
             id: 1,

@@ -29,6 +29,8 @@ pub struct TargetColumn {
     pub base_oid: Oid,
     /// The type is an enum.
     pub is_enum: bool,
+    /// The type's array type (0 when it has none).
+    pub array_oid: Oid,
     /// For an array: its element type, and whether that is an enum.
     pub element: Option<(Oid, bool)>,
     /// `attgenerated` is set: the column cannot be written.
@@ -193,7 +195,7 @@ impl TargetCatalog {
                         t.typtype = 'e', \
                         CASE WHEN t.typcategory = 'A' THEN t.typelem END, \
                         coalesce(e.typtype = 'e', false), \
-                        format('%I.%I', tn.nspname, t.typname) \
+                        format('%I.%I', tn.nspname, t.typname), t.typarray \
                  FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
                  JOIN pg_namespace tn ON tn.oid = t.typnamespace \
                  LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A' \
@@ -215,6 +217,7 @@ impl TargetCatalog {
                 type_name: row.get(9),
                 base_oid: row.get(5),
                 is_enum: row.get(6),
+                array_oid: row.get(10),
                 element: element.map(|e| (e, row.get(8))),
                 generated: row.get(3),
                 comparable,

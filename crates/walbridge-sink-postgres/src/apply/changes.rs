@@ -9,7 +9,7 @@ use walbridge_core::{Change, Datum, Oid, OldRow, OldRowKind, Row, TransactionInf
 use walbridge_pg::describe_pg_error;
 
 use super::{Applier, ChangeKind, Prepared, Purpose, failed, simple};
-use crate::batch::{Batch, BatchKind, BatchRow, batch_sql, bound_columns};
+use crate::batch::{Batch, BatchKind, BatchRow, batch_sql, bound_columns, param_types};
 use crate::config::OnConflict;
 use crate::error::SinkError;
 use crate::inflight::{Failed, Outcome, Reply};
@@ -206,9 +206,18 @@ impl Applier {
             let statement = self.batch_statement(&batch.map, &batch.kind).await?;
             let params: Vec<Param> = batch.arrays().into_iter().map(Param).collect();
             let bytes = params.iter().map(|p| p.0.len()).sum();
-            let sql = match statement {
-                Some(_) => String::new(),
-                None => batch_sql(&batch.map, &batch.kind),
+            /// How the batch's statement is run.
+            enum Run {
+                Prepared(Statement),
+                /// Unnamed, with the statement's text and parameter types.
+                Unnamed(String, Vec<Type>),
+            }
+            let run = match statement {
+                Some(statement) => Run::Prepared(statement),
+                None => Run::Unnamed(
+                    batch_sql(&batch.map, &batch.kind),
+                    param_types(&batch.map, &batch.kind),
+                ),
             };
             let purpose = Purpose::Batch {
                 rows: batch.len(),
@@ -218,12 +227,13 @@ impl Applier {
             };
             let client = self.client.clone();
             let request = async move {
-                let result = match statement {
-                    Some(statement) => client.execute_raw(&statement, params.iter()).await,
-                    None => {
+                let result = match run {
+                    Run::Prepared(statement) => client.execute_raw(&statement, params.iter()).await,
+                    Run::Unnamed(sql, types) => {
                         let typed: Vec<(&(dyn ToSql + Sync), Type)> = params
                             .iter()
-                            .map(|p| (p as &(dyn ToSql + Sync), Type::TEXT_ARRAY))
+                            .map(|p| p as &(dyn ToSql + Sync))
+                            .zip(types)
                             .collect();
                         client.execute_typed(&sql, &typed).await
                     }
