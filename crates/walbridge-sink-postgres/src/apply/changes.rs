@@ -69,6 +69,14 @@ pub(super) fn row_bytes(row: &Row) -> usize {
     row.iter().map(|d| d.len() + 8).sum()
 }
 
+/// How a batch's statement is run.
+enum Run {
+    Prepared(Statement),
+    /// Unnamed, with the statement's text and parameter types (while the
+    /// statement is being prepared).
+    Unnamed(String, Vec<Type>),
+}
+
 impl Applier {
     pub(super) async fn change(&mut self, change: Change) -> Result<(), SinkError> {
         let Some(txn) = self.txn.clone() else {
@@ -206,12 +214,6 @@ impl Applier {
             let statement = self.batch_statement(&batch.map, &batch.kind).await?;
             let params: Vec<Param> = batch.arrays().into_iter().map(Param).collect();
             let bytes = params.iter().map(|p| p.0.len()).sum();
-            /// How the batch's statement is run.
-            enum Run {
-                Prepared(Statement),
-                /// Unnamed, with the statement's text and parameter types.
-                Unnamed(String, Vec<Type>),
-            }
             let run = match statement {
                 Some(statement) => Run::Prepared(statement),
                 None => Run::Unnamed(
