@@ -1,7 +1,10 @@
 //! The replication connection and SQL connections against real servers:
 //! TCP and Unix sockets, every password method, every sslmode.
 
-use walbridge_source::wire::{ConnParams, ConnectionError, ReplicationConnection, connect_sql};
+use walbridge_source::wire::copyboth::ServerMessage;
+use walbridge_source::wire::{
+    ConnParams, ConnectionError, CopyMessage, ReplicationConnection, connect_sql,
+};
 use walbridge_tests::Cluster;
 
 fn params(text: &str) -> ConnParams {
@@ -230,4 +233,70 @@ async fn require_against_a_server_without_tls_fails_and_prefer_falls_back() {
             .await
             .unwrap_or_else(|e| panic!("{e}"))
     );
+}
+
+/// Reads CopyBoth messages until `commits` pgoutput commits have arrived,
+/// noting whether the connection read in batches meanwhile; fails after
+/// `limit` without them.
+async fn read_commits(
+    conn: &mut ReplicationConnection,
+    commits: usize,
+    limit: std::time::Duration,
+) -> (usize, bool) {
+    let (mut inserts, mut seen, mut batched) = (0, 0, false);
+    let read = async {
+        while seen < commits {
+            let message = conn.recv_copy().await.unwrap_or_else(|e| panic!("{e}"));
+            batched |= conn.reads_in_batches();
+            let CopyMessage::Data(payload) = message else {
+                panic!("the stream ended")
+            };
+            if let Ok(ServerMessage::XLogData { data, .. }) = ServerMessage::parse(payload) {
+                match data.first() {
+                    Some(b'I') => inserts += 1,
+                    Some(b'C') => seen += 1,
+                    _ => {}
+                }
+            }
+        }
+    };
+    tokio::time::timeout(limit, read)
+        .await
+        .unwrap_or_else(|_| panic!("{seen} of {commits} commits within {limit:?}"));
+    (inserts, batched)
+}
+
+#[tokio::test]
+async fn a_backlog_is_read_in_batches_and_a_quiet_tail_still_arrives() {
+    let pg = Cluster::start();
+    // One psql call runs as one transaction: the slot needs its own.
+    pg.psql("CREATE TABLE t (id int PRIMARY KEY, pad text); CREATE PUBLICATION p FOR TABLE t");
+    pg.psql("SELECT pg_create_logical_replication_slot('s', 'pgoutput')");
+    pg.psql("INSERT INTO t SELECT g, repeat('x', 100) FROM generate_series(1, 20000) g");
+    pg.psql("INSERT INTO t VALUES (-1, 'small')");
+    let p = params(&format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=disable",
+        pg.port()
+    ));
+    let mut conn = ReplicationConnection::connect(&p, "walbridge-test")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    conn.start_copy_both(
+        "START_REPLICATION SLOT s LOGICAL 0/0 (proto_version '1', publication_names 'p')",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let limit = std::time::Duration::from_secs(30);
+    let (inserts, batched) = read_commits(&mut conn, 2, limit).await;
+    assert_eq!(inserts, 20001, "every change of the backlog, in order");
+    assert!(batched, "a 3 MB backlog is read in batches");
+    // A transaction smaller than a batch, after the backlog has been read:
+    // the reader must not keep waiting for a batch that never fills.
+    pg.psql("INSERT INTO t VALUES (-2, 'tail')");
+    let (inserts, _) = read_commits(&mut conn, 1, limit).await;
+    assert_eq!(inserts, 1);
+    conn.finish_copy_both()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    conn.close().await;
 }

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::io;
 
 use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt;
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -19,7 +20,17 @@ use walbridge_pg::{
     parse_server_version,
 };
 
+use super::batching::{BATCH_WAIT, LOW_WATER, ReadBatching};
 use super::codec::{self, AuthRequest, BackendMessage, CodecError, ServerError};
+
+/// Free room in the read buffer before each read: more than a batch, so a
+/// batched read takes all that woke it.
+const READ_ROOM: usize = 2 * LOW_WATER;
+
+/// Most bytes one drain takes without waiting; past it the next read
+/// returns at once instead (a producer faster than the reader cannot keep
+/// it draining forever).
+const MAX_DRAIN: usize = 16 * LOW_WATER;
 
 /// A failure to connect to or talk with the server.
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +143,7 @@ pub enum CopyMessage {
 /// A connection in replication mode (`replication=database`).
 pub struct ReplicationConnection {
     io: Box<dyn Io>,
+    batching: ReadBatching,
     read_buf: BytesMut,
     write_buf: BytesMut,
     parameters: HashMap<String, String>,
@@ -157,7 +169,7 @@ async fn open_socket(
     params: &ConnParams,
     host: &Host,
     tls: Option<&TlsSettings>,
-) -> Result<Box<dyn Io>, ConnectionError> {
+) -> Result<(Box<dyn Io>, ReadBatching), ConnectionError> {
     let target = target_of(host, params.port);
     let connect = async {
         match host {
@@ -166,11 +178,12 @@ async fn open_socket(
                 .map(|s| {
                     // Status updates are small and latency-sensitive.
                     let _ = s.set_nodelay(true);
-                    Box::new(s) as Box<dyn Io>
+                    let batching = ReadBatching::for_tcp(&s);
+                    (Box::new(s) as Box<dyn Io>, batching)
                 }),
             Host::Unix(dir) => UnixStream::connect(dir.join(format!(".s.PGSQL.{}", params.port)))
                 .await
-                .map(|s| Box::new(s) as Box<dyn Io>),
+                .map(|s| (Box::new(s) as Box<dyn Io>, ReadBatching::eager())),
         }
     };
     let stream = match params.connect_timeout {
@@ -190,7 +203,7 @@ async fn open_socket(
         // libpq never uses TLS on Unix-domain sockets either.
         return Ok(stream);
     };
-    let mut stream = stream;
+    let (mut stream, batching) = stream;
     let mut request = BytesMut::new();
     frontend::ssl_request(&mut request);
     stream.write_all(&request).await?;
@@ -202,9 +215,9 @@ async fn open_socket(
                 .connect(name, stream)
                 .await
                 .map_err(|source| ConnectionError::TlsHandshake { target, source })?;
-            Ok(Box::new(tls_stream))
+            Ok((Box::new(tls_stream), batching))
         }
-        b'N' if !tls.required() => Ok(stream),
+        b'N' if !tls.required() => Ok((stream, batching)),
         b'N' => Err(ConnectionError::TlsRefused { target }),
         other => Err(ConnectionError::Unexpected(format!(
             "answer {other:#04x} to the TLS request"
@@ -239,9 +252,10 @@ impl ReplicationConnection {
         tls: Option<&TlsSettings>,
         application_name: &str,
     ) -> Result<Self, ConnectionError> {
-        let io = open_socket(params, host, tls).await?;
+        let (io, batching) = open_socket(params, host, tls).await?;
         let mut conn = ReplicationConnection {
             io,
+            batching,
             read_buf: BytesMut::with_capacity(64 * 1024),
             write_buf: BytesMut::new(),
             parameters: HashMap::new(),
@@ -373,12 +387,61 @@ impl ReplicationConnection {
     /// Reads the next backend message. Cancel-safe: bytes already read stay
     /// buffered for the next call.
     pub async fn recv(&mut self) -> Result<BackendMessage, ConnectionError> {
+        if self.batching.streaming() {
+            // Replies outside the stream are small: wake on every byte.
+            self.batching.stop();
+        }
         loop {
             if let Some(message) = codec::decode(&mut self.read_buf)? {
                 return Ok(message);
             }
-            if self.io.read_buf(&mut self.read_buf).await? == 0 {
-                return Err(ConnectionError::Closed);
+            self.read_more().await?;
+        }
+    }
+
+    /// Reads what the socket holds (at least one byte, waiting for it)
+    /// into the read buffer; returns the number of bytes read.
+    async fn read_more(&mut self) -> Result<usize, ConnectionError> {
+        self.read_buf.reserve(READ_ROOM);
+        match self.io.read_buf(&mut self.read_buf).await? {
+            0 => Err(ConnectionError::Closed),
+            n => Ok(n),
+        }
+    }
+
+    /// Takes what the socket already holds without waiting, until it is
+    /// empty: only then does the next read wait for the kernel's signal
+    /// (the low-water mark) instead of returning the few bytes that
+    /// arrived in the meantime.
+    fn drain(&mut self) -> Result<(), ConnectionError> {
+        let mut taken = 0;
+        while taken < MAX_DRAIN {
+            self.read_buf.reserve(READ_ROOM);
+            match self.io.read_buf(&mut self.read_buf).now_or_never() {
+                None => break,
+                Some(Ok(0)) => return Err(ConnectionError::Closed),
+                Some(read) => taken += read?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads more of the CopyBoth stream: in batches while it streams
+    /// (see [`super::batching`]), else as soon as anything arrives.
+    async fn fill_copy(&mut self) -> Result<(), ConnectionError> {
+        if !self.batching.streaming() {
+            self.read_more().await?;
+            self.batching.start();
+            return Ok(());
+        }
+        match tokio::time::timeout(BATCH_WAIT, self.read_more()).await {
+            Ok(read) => {
+                read?;
+                self.drain()
+            }
+            Err(_) => {
+                self.batching.stop();
+                Ok(())
             }
         }
     }
@@ -458,15 +521,19 @@ impl ReplicationConnection {
         }
     }
 
+    /// True while the CopyBoth stream is read in batches: data came
+    /// within the last [`BATCH_WAIT`] (see [`super::batching`]).
+    pub fn reads_in_batches(&self) -> bool {
+        self.batching.streaming()
+    }
+
     /// Reads the next CopyBoth message. Cancel-safe.
     pub async fn recv_copy(&mut self) -> Result<CopyMessage, ConnectionError> {
         loop {
             if let Some(message) = self.try_recv_copy()? {
                 return Ok(message);
             }
-            if self.io.read_buf(&mut self.read_buf).await? == 0 {
-                return Err(ConnectionError::Closed);
-            }
+            self.fill_copy().await?;
         }
     }
 

@@ -2,6 +2,7 @@
 //! messages and the replication connection. Connection parameters and TLS
 //! come from `walbridge-pg`, shared with the postgres sink.
 
+pub mod batching;
 pub mod codec;
 pub mod connection;
 pub mod copyboth;
