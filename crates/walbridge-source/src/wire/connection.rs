@@ -20,7 +20,7 @@ use walbridge_pg::{
     parse_server_version,
 };
 
-use super::batching::{BATCH_WAIT, LOW_WATER, ReadBatching};
+use super::batching::{LOW_WATER, ReadBatching};
 use super::codec::{self, AuthRequest, BackendMessage, CodecError, ServerError};
 
 /// Free room in the read buffer before each read: more than a batch, so a
@@ -429,21 +429,20 @@ impl ReplicationConnection {
     /// Reads more of the CopyBoth stream: in batches while it streams
     /// (see [`super::batching`]), else as soon as anything arrives.
     async fn fill_copy(&mut self) -> Result<(), ConnectionError> {
-        if !self.batching.streaming() {
+        let Some(deadline) = self.batching.batch_deadline() else {
             self.read_more().await?;
-            self.batching.start();
+            self.batching.data_came();
             return Ok(());
-        }
-        match tokio::time::timeout(BATCH_WAIT, self.read_more()).await {
+        };
+        match tokio::time::timeout_at(deadline, self.read_more()).await {
             Ok(read) => {
                 read?;
-                self.drain()
+                self.drain()?;
+                self.batching.data_came();
             }
-            Err(_) => {
-                self.batching.stop();
-                Ok(())
-            }
+            Err(_) => self.batching.stop(),
         }
+        Ok(())
     }
 
     /// Runs `sql` with the simple-query protocol and returns one result per
@@ -522,7 +521,7 @@ impl ReplicationConnection {
     }
 
     /// True while the CopyBoth stream is read in batches: data came
-    /// within the last [`BATCH_WAIT`] (see [`super::batching`]).
+    /// within the last [`super::batching::BATCH_WAIT`] (see [`super::batching`]).
     pub fn reads_in_batches(&self) -> bool {
         self.batching.streaming()
     }
