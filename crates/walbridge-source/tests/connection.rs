@@ -235,15 +235,23 @@ async fn require_against_a_server_without_tls_fails_and_prefer_falls_back() {
     );
 }
 
-/// Reads CopyBoth messages until `commits` pgoutput commits have arrived,
-/// noting whether the connection read in batches meanwhile; fails after
-/// `limit` without them.
+/// The first column of a pgoutput insert (`I`, relation, `N`, column
+/// count, then `t`, length, text), as an integer.
+fn inserted_id(insert: &[u8]) -> i64 {
+    let length = u32::from_be_bytes(insert[9..13].try_into().unwrap_or_default()) as usize;
+    let text = std::str::from_utf8(&insert[13..13 + length]).unwrap_or_default();
+    text.parse().unwrap_or_else(|e| panic!("id {text:?}: {e}"))
+}
+
+/// Reads CopyBoth messages until `commits` pgoutput commits have arrived;
+/// returns the ids inserted, in the order received, and whether the
+/// connection read in batches meanwhile. Fails after `limit` without them.
 async fn read_commits(
     conn: &mut ReplicationConnection,
     commits: usize,
     limit: std::time::Duration,
-) -> (usize, bool) {
-    let (mut inserts, mut seen, mut batched) = (0, 0, false);
+) -> (Vec<i64>, bool) {
+    let (mut ids, mut seen, mut batched) = (Vec::new(), 0, false);
     let read = async {
         while seen < commits {
             let message = conn.recv_copy().await.unwrap_or_else(|e| panic!("{e}"));
@@ -253,7 +261,7 @@ async fn read_commits(
             };
             if let Ok(ServerMessage::XLogData { data, .. }) = ServerMessage::parse(payload) {
                 match data.first() {
-                    Some(b'I') => inserts += 1,
+                    Some(b'I') => ids.push(inserted_id(&data)),
                     Some(b'C') => seen += 1,
                     _ => {}
                 }
@@ -263,19 +271,20 @@ async fn read_commits(
     tokio::time::timeout(limit, read)
         .await
         .unwrap_or_else(|_| panic!("{seen} of {commits} commits within {limit:?}"));
-    (inserts, batched)
+    (ids, batched)
 }
 
-#[tokio::test]
-async fn a_backlog_is_read_in_batches_and_a_quiet_tail_still_arrives() {
-    let pg = Cluster::start();
+/// A 3 MB backlog, then a transaction smaller than a batch once the
+/// backlog has been read: every change arrives in order, and the reader
+/// does not keep waiting for a batch that never fills.
+async fn backlog_then_quiet_tail(pg: &Cluster, sslmode: &str) {
     // One psql call runs as one transaction: the slot needs its own.
     pg.psql("CREATE TABLE t (id int PRIMARY KEY, pad text); CREATE PUBLICATION p FOR TABLE t");
     pg.psql("SELECT pg_create_logical_replication_slot('s', 'pgoutput')");
     pg.psql("INSERT INTO t SELECT g, repeat('x', 100) FROM generate_series(1, 20000) g");
     pg.psql("INSERT INTO t VALUES (-1, 'small')");
     let p = params(&format!(
-        "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=disable",
+        "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode={sslmode}",
         pg.port()
     ));
     let mut conn = ReplicationConnection::connect(&p, "walbridge-test")
@@ -287,16 +296,33 @@ async fn a_backlog_is_read_in_batches_and_a_quiet_tail_still_arrives() {
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     let limit = std::time::Duration::from_secs(30);
-    let (inserts, batched) = read_commits(&mut conn, 2, limit).await;
-    assert_eq!(inserts, 20001, "every change of the backlog, in order");
-    assert!(batched, "a 3 MB backlog is read in batches");
-    // A transaction smaller than a batch, after the backlog has been read:
-    // the reader must not keep waiting for a batch that never fills.
+    let (ids, batched) = read_commits(&mut conn, 2, limit).await;
+    let expected: Vec<i64> = (1..=20000).chain([-1]).collect();
+    assert!(ids == expected, "every change of the backlog, in order");
+    assert!(batched, "the backlog is read in batches");
     pg.psql("INSERT INTO t VALUES (-2, 'tail')");
-    let (inserts, _) = read_commits(&mut conn, 1, limit).await;
-    assert_eq!(inserts, 1);
+    let (ids, _) = read_commits(&mut conn, 1, limit).await;
+    assert_eq!(ids, [-2]);
     conn.finish_copy_both()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     conn.close().await;
+}
+
+#[tokio::test]
+async fn a_backlog_is_read_in_batches_and_a_quiet_tail_still_arrives() {
+    backlog_then_quiet_tail(&Cluster::start(), "disable").await;
+}
+
+#[tokio::test]
+async fn batched_reads_through_tls() {
+    let pg = Cluster::builder()
+        .ssl()
+        .hba(&[
+            "local all all trust",
+            "hostssl all all 127.0.0.1/32 trust",
+            "hostssl replication all 127.0.0.1/32 trust",
+        ])
+        .start();
+    backlog_then_quiet_tail(&pg, "require").await;
 }
