@@ -11,10 +11,10 @@
 //! low-water mark: the kernel wakes the reader only once [`LOW_WATER`]
 //! bytes wait, so the walsender's sends no longer wake it one by one and
 //! it reads once per batch (with it: publisher 0.4-0.6 CPU-s, walbridge
-//! 0.35-0.4 instead of 0.6-1.0). A short timer ([`BATCH_WAIT`]) bounds what that costs
-//! in latency: when it fires, the mark drops back to one byte, what has
-//! arrived is read at once, and an idle stream waits for its next byte
-//! without a timer.
+//! 0.35-0.4 instead of 0.6-1.0). A short timer ([`BATCH_WAIT`]) bounds
+//! what that costs in latency: when it fires, the mark drops back to one
+//! byte, what has arrived is read at once, and an idle stream waits for
+//! its next byte without a timer.
 
 use std::time::Duration;
 
@@ -96,17 +96,18 @@ impl ReadBatching {
 
     /// No batch came within [`BATCH_WAIT`]: wake on every byte again.
     /// Lowering the mark makes the kernel report the bytes already waiting
-    /// as readable.
-    pub fn stop(&mut self) {
+    /// as readable. An error leaves the socket unusable for a reader (it
+    /// would wait for a batch that may never fill): the caller drops the
+    /// connection.
+    pub fn stop(&mut self) -> std::io::Result<()> {
+        if !self.streaming {
+            return Ok(());
+        }
         self.streaming = false;
         self.deadline = None;
-        if let Some(socket) = &self.socket
-            && let Err(e) = socket.set_low_water(1)
-        {
-            // A reader left waiting for a mark it cannot lower would stall:
-            // give up batching (the next read polls the socket itself).
-            tracing::debug!("cannot reset the receive low-water mark: {e}");
-            self.socket = None;
+        match &self.socket {
+            Some(socket) => socket.set_low_water(1),
+            None => Ok(()),
         }
     }
 }

@@ -387,10 +387,8 @@ impl ReplicationConnection {
     /// Reads the next backend message. Cancel-safe: bytes already read stay
     /// buffered for the next call.
     pub async fn recv(&mut self) -> Result<BackendMessage, ConnectionError> {
-        if self.batching.streaming() {
-            // Replies outside the stream are small: wake on every byte.
-            self.batching.stop();
-        }
+        // Replies outside the stream are small: wake on every byte.
+        self.batching.stop()?;
         loop {
             if let Some(message) = codec::decode(&mut self.read_buf)? {
                 return Ok(message);
@@ -440,7 +438,7 @@ impl ReplicationConnection {
                 self.drain()?;
                 self.batching.data_came();
             }
-            Err(_) => self.batching.stop(),
+            Err(_) => self.batching.stop()?,
         }
         Ok(())
     }
