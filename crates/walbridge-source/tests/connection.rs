@@ -38,6 +38,18 @@ async fn sql_ok(conn_text: &str) -> Result<(), ConnectionError> {
     Ok(())
 }
 
+/// A server with TLS that accepts TCP connections only over TLS.
+fn tls_only_cluster() -> Cluster {
+    Cluster::builder()
+        .ssl()
+        .hba(&[
+            "local all all trust",
+            "hostssl all all 127.0.0.1/32 trust",
+            "hostssl replication all 127.0.0.1/32 trust",
+        ])
+        .start()
+}
+
 #[tokio::test]
 async fn tcp_and_unix_socket_with_trust() {
     let pg = Cluster::start();
@@ -116,14 +128,7 @@ async fn password_md5_and_scram() {
 
 #[tokio::test]
 async fn every_sslmode() {
-    let pg = Cluster::builder()
-        .ssl()
-        .hba(&[
-            "local all all trust",
-            "hostssl all all 127.0.0.1/32 trust",
-            "hostssl replication all 127.0.0.1/32 trust",
-        ])
-        .start();
+    let pg = tls_only_cluster();
     let ca = pg.ca_cert();
     let base = |host: &str, extra: &str| {
         format!(
@@ -316,13 +321,5 @@ async fn a_backlog_is_read_in_batches_and_a_quiet_tail_still_arrives() {
 
 #[tokio::test]
 async fn batched_reads_through_tls() {
-    let pg = Cluster::builder()
-        .ssl()
-        .hba(&[
-            "local all all trust",
-            "hostssl all all 127.0.0.1/32 trust",
-            "hostssl replication all 127.0.0.1/32 trust",
-        ])
-        .start();
-    backlog_then_quiet_tail(&pg, "require").await;
+    backlog_then_quiet_tail(&tls_only_cluster(), "require").await;
 }
