@@ -4,6 +4,7 @@
 # version already unpacked is left alone.
 #
 #   scripts/fetch-postgres.sh 14 16 17 18
+#   scripts/fetch-postgres.sh --bin 17     # prints where 17's binaries are
 #
 # Each version lands in $WALBRIDGE_PG_ROOT/<major>/ (bin/initdb, bin/pg_ctl,
 # bin/postgres, lib/…); tests select one with WALBRIDGE_PG_VERSION=<major>.
@@ -11,6 +12,11 @@ set -euo pipefail
 
 if [ "$(id -u)" = 0 ]; then default_root=/var/cache/walbridge/pg; else default_root="${XDG_CACHE_HOME:-$HOME/.cache}/walbridge/pg"; fi
 root="${WALBRIDGE_PG_ROOT:-$default_root}"
+
+if [ "${1:-}" = --bin ]; then
+  echo "$root/$2/bin"
+  exit 0
+fi
 
 declare -A packages=(
   [14]=14.23.0-beta.17

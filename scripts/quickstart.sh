@@ -11,11 +11,24 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 source "$here/scripts/throwaway-postgres.sh"
 
+# Every way out (Ctrl-C, SIGTERM, SIGHUP, an error, walbridge exiting)
+# stops walbridge and the writer, then the throwaway server.
 cleanup() {
-  [ -n "${writer:-}" ] && kill "$writer" 2>/dev/null || true
+  trap - EXIT INT TERM HUP
+  if [ -n "${walbridge_pid:-}" ]; then
+    kill -TERM "$walbridge_pid" 2>/dev/null || true
+    wait "$walbridge_pid" 2>/dev/null || true
+  fi
+  if [ -n "${writer:-}" ]; then
+    pkill -P "$writer" 2>/dev/null || true
+    kill "$writer" 2>/dev/null || true
+  fi
   stop_throwaway_postgres
 }
 trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
 
 if [ -z "${WALBRIDGE_BIN:-}" ]; then
   echo "quickstart: building walbridge (release)" >&2
@@ -64,4 +77,11 @@ echo "quickstart: configuration in $work/walbridge.toml; Ctrl-C to stop" >&2
 ) &
 writer=$!
 
-"$bin" run -c "$work/walbridge.toml"
+# In the background so that a signal reaches the traps at once (bash runs
+# them only after a foreground command ends); walbridge stops on SIGTERM.
+"$bin" run -c "$work/walbridge.toml" &
+walbridge_pid=$!
+status=0
+wait "$walbridge_pid" || status=$?
+walbridge_pid=
+exit "$status"

@@ -6,27 +6,17 @@
 #   scripts/test.sh              # everything
 #   PG_VERSIONS="17 18" scripts/test.sh   # integration tests on other majors too
 #
-# Installs what is missing (nextest, psql, openssl, OpenSSL headers, and
-# for the kafka sink's tests the tansu broker and Python's confluent-kafka:
-# scripts/kafka-test-env.sh) and is safe to rerun.
+# Installs what is missing (the PostgreSQL 15 server, psql, openssl,
+# OpenSSL headers: scripts/machine.sh; nextest; for the kafka sink's tests
+# the broker and Python's confluent-kafka: scripts/kafka-test-env.sh) and
+# is safe to rerun.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need_apt=()
-command -v psql >/dev/null || need_apt+=(postgresql-client)
-command -v openssl >/dev/null || need_apt+=(openssl)
-command -v runuser >/dev/null || need_apt+=(util-linux)
-# librdkafka (built by rdkafka-sys) links the system OpenSSL.
-pkg-config --exists openssl 2>/dev/null || need_apt+=(libssl-dev pkg-config)
-if [ ${#need_apt[@]} -gt 0 ]; then
-  apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
-fi
+source scripts/machine.sh
+machine_setup
 if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install --locked cargo-nextest
-fi
-command -v initdb >/dev/null || { echo "test.sh: initdb is not on PATH: install the PostgreSQL server binaries" >&2; exit 2; }
-if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
-  useradd --system --no-create-home postgres
 fi
 
 versions="${PG_VERSIONS:-17}"

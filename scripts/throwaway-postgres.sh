@@ -4,18 +4,10 @@
 # starts the server, `start_second_postgres` another one on `port2`;
 # `stop_throwaway_postgres` stops them and removes `work`.
 
-# psql and, when running as root, the OS user the server runs as.
-if ! command -v psql >/dev/null; then
-  apt-get update -qq && apt-get install -y -qq postgresql-client
-fi
-# Building walbridge compiles librdkafka, which links the system OpenSSL.
-if ! pkg-config --exists openssl 2>/dev/null; then
-  apt-get update -qq && apt-get install -y -qq libssl-dev pkg-config
-fi
-if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
-  useradd --system --no-create-home postgres
-fi
-command -v initdb >/dev/null || { echo "initdb is not on PATH: install the PostgreSQL server binaries" >&2; exit 2; }
+# psql, the server binaries, OpenSSL headers for building walbridge, and
+# the OS user the server runs as when running as root.
+source "$(dirname "${BASH_SOURCE[0]}")/machine.sh"
+machine_setup || exit
 
 work=$(mktemp -d /tmp/walbridge.XXXXXX)
 chmod 755 "$work"
@@ -47,10 +39,17 @@ start_second_postgres() {
   start_postgres_in "$work/data2" "$port2" "$@"
 }
 
+# Stops the servers and removes `work`, whatever state they are in: a
+# server still starting (the script was stopped during `pg_ctl start`) is
+# killed too, so nothing outlives the script.
 stop_throwaway_postgres() {
   local data
+  [ -n "${work:-}" ] || return 0
   for data in "$work/data" "$work/data2"; do
-    [ -d "$data" ] && as_server pg_ctl -D "$data" -m fast -w stop >/dev/null 2>&1 || true
+    [ -d "$data" ] || continue
+    as_server pg_ctl -D "$data" -m fast -w -t 10 stop >/dev/null 2>&1 || true
+    # A postmaster pg_ctl could not stop (or had not yet written its pid file).
+    pkill -KILL -f -- "-D $data( |$)" 2>/dev/null || true
   done
   rm -rf "$work"
 }
