@@ -50,6 +50,12 @@ impl Appender {
         self.writer.log()
     }
 
+    /// Waits until the log's writer fails and returns why (see
+    /// [`LogWriter::failed`]).
+    pub async fn failed(&self) -> LogError {
+        self.writer.failed().await
+    }
+
     /// The LSN recorded for a non-transactional message at `lsn`: just past
     /// it, so that "skip what ends at or before the log's last LSN" skips
     /// the message itself after a restart but nothing that follows it.

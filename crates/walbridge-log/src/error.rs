@@ -81,6 +81,13 @@ impl LogError {
         }
     }
 
+    /// True when the file system had no room (`ENOSPC`, or the user's
+    /// quota, `EDQUOT`): space may come back, so the write is worth trying again.
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, LogError::Io { source, .. }
+            if matches!(source.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded))
+    }
+
     pub(crate) fn corrupt(path: impl Into<PathBuf>, offset: u64, problem: FrameError) -> Self {
         LogError::Corrupt {
             path: path.into(),

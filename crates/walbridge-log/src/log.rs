@@ -486,9 +486,15 @@ pub(crate) fn create_segment(dir: &Path, base: u64, start_lsn: Lsn) -> Result<Fi
         .append(true)
         .open(&path)
         .map_err(LogError::io("create", &path))?;
-    file.write_all(&segment::header(start_lsn))
-        .map_err(LogError::io("write", &path))?;
-    file.sync_all().map_err(LogError::io("fsync", &path))?;
+    let written = file
+        .write_all(&segment::header(start_lsn))
+        .map_err(LogError::io("write", &path))
+        .and_then(|()| file.sync_all().map_err(LogError::io("fsync", &path)));
+    if let Err(e) = written {
+        // Leave no headless segment behind: creating it is tried again (a full disk).
+        let _ = std::fs::remove_file(&path);
+        return Err(e);
+    }
     sync_dir(dir)?;
     Ok(file)
 }

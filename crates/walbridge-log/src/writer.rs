@@ -5,13 +5,22 @@
 //! bytes), writes it with one `write` and makes it durable with one
 //! `fdatasync`. Readers and the source see records only once they are
 //! durable and their unit (transaction) is complete.
+//!
+//! A full disk is not a failure: a write that finds no room is cut back to
+//! the last whole record (a partial write would leave bytes no frame
+//! accounts for) and tried again every [`ROOM_RETRY`] until there is room.
+//! Meanwhile the writer takes no appends, so the queue fills, the source
+//! stops reading from the publisher, and nothing past the durable end is
+//! confirmed there: the publisher keeps those changes and nothing is lost.
+//! Any other failure stops the writer for good; [`LogWriter::failed`]
+//! tells whoever waits on it at once, before their next append.
 
 use std::fs::File;
 use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Semaphore, mpsc, watch};
 use walbridge_core::Lsn;
 
 use crate::error::LogError;
@@ -21,6 +30,12 @@ use crate::segment::{self, IndexBuilder, SEGMENT_HEADER_LEN, index_path, segment
 
 /// The most bytes written between two fsyncs (a larger single record is written alone).
 pub const WRITE_BATCH: usize = 8 << 20;
+
+/// How often a write that found the disk full is tried again.
+const ROOM_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How often a full disk is reported while it stays full.
+const FULL_REPORT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Records queued before `append` waits.
 const QUEUE: usize = 4096;
@@ -48,7 +63,8 @@ pub struct LogWriter {
     commands: mpsc::Sender<Command>,
     thread: Option<std::thread::JoinHandle<Result<(), LogError>>>,
     shared: Arc<Shared>,
-    failure: Arc<Mutex<Option<String>>>,
+    /// Why the writer thread stopped, once it has.
+    failure: Arc<watch::Sender<Option<String>>>,
     queued: Arc<Semaphore>,
 }
 
@@ -81,7 +97,7 @@ impl LogWriter {
                 })
                 .map_err(LogError::io("start a thread for", &shared.dir))?;
         }
-        let failure = Arc::new(Mutex::new(None));
+        let failure = Arc::new(watch::Sender::new(None));
         let queued = Arc::new(Semaphore::new(QUEUE_BYTES));
         let mut thread = WriterThread {
             queued: queued.clone(),
@@ -104,7 +120,7 @@ impl LogWriter {
                 let result = thread.run(rx);
                 if let Err(e) = &result {
                     tracing::error!(log = %thread.shared.dir.display(), "log writer failed: {e}");
-                    *thread_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                    thread_failure.send_replace(Some(e.to_string()));
                 }
                 result
             })
@@ -172,12 +188,18 @@ impl LogWriter {
     }
 
     fn stopped(&self) -> LogError {
-        let failure = self
-            .failure
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let failure = self.failure.borrow().clone();
         LogError::WriterStopped(failure.unwrap_or_else(|| "it was closed".into()))
+    }
+
+    /// Waits until the writer fails and returns why (pending forever while
+    /// it works). Lets a quiet source learn of a failure at once, not at
+    /// its next append.
+    pub async fn failed(&self) -> LogError {
+        let mut failure = self.failure.subscribe();
+        // The sender lives in `self`, so this only ends with a failure.
+        let _ = failure.wait_for(Option::is_some).await;
+        self.stopped()
     }
 
     /// Writes and fsyncs everything queued, then stops the writer.
@@ -230,7 +252,10 @@ impl WriterThread {
                         unit_end,
                         permits,
                     } => {
-                        if let Some(h) = self.add(&payload, lsn, unit_end)? {
+                        if self.segment_full() && !self.until_room(&commands, Self::roll)? {
+                            return Ok(());
+                        }
+                        if let Some(h) = self.add(&payload, lsn, unit_end) {
                             head = Some(h);
                         }
                         released += permits as usize;
@@ -241,7 +266,9 @@ impl WriterThread {
                     next = commands.try_recv().ok();
                 }
             }
-            self.write_buffer()?;
+            if !self.until_room(&commands, Self::write_buffer)? {
+                return Ok(());
+            }
             let sync = match self.shared.options.fsync {
                 FsyncPolicy::Always => true,
                 FsyncPolicy::Interval(every) => sync_due || last_sync.elapsed() >= every,
@@ -253,19 +280,62 @@ impl WriterThread {
             self.publish(head);
             self.queued.add_permits(released);
         }
-        self.write_buffer()?;
+        if !self.until_room(&commands, Self::write_buffer)? {
+            return Ok(());
+        }
         if self.unsynced {
             self.sync()?;
         }
         Ok(())
     }
 
-    /// Frames a record into the buffer, rolling to a new segment first if
-    /// the current one is full. Returns the new head if the record ends a unit.
-    fn add(&mut self, payload: &[u8], lsn: Lsn, unit_end: bool) -> Result<Option<Head>, LogError> {
-        if self.len >= self.shared.options.segment_size && self.len > SEGMENT_HEADER_LEN {
-            self.roll()?;
+    /// Runs `step` until it succeeds, waiting for room while the disk is
+    /// full (see the module's docs). Returns `false` when the log was
+    /// closed while waiting: what is not written was never acknowledged,
+    /// and the source reads it again from the publisher at the next start.
+    fn until_room(
+        &mut self,
+        commands: &mpsc::Receiver<Command>,
+        mut step: impl FnMut(&mut Self) -> Result<(), LogError>,
+    ) -> Result<bool, LogError> {
+        let mut full_since = None;
+        let mut next_report = Instant::now();
+        loop {
+            let e = match step(self) {
+                Ok(()) => {
+                    if let Some(since) = full_since.map(|t: Instant| t.elapsed()) {
+                        tracing::info!(log = %self.shared.dir.display(), "the disk has room again after {}s; reading from the source again", since.as_secs());
+                    }
+                    return Ok(true);
+                }
+                Err(e) if e.is_disk_full() => e,
+                Err(e) => return Err(e),
+            };
+            full_since.get_or_insert_with(Instant::now);
+            if commands.is_closed() {
+                tracing::warn!(log = %self.shared.dir.display(), "stopping while the disk is full: {} bytes of changes were not written; the publisher sends them again at the next start", self.buffer.len());
+                return Ok(false);
+            }
+            if Instant::now() >= next_report {
+                tracing::warn!(
+                    log = %self.shared.dir.display(),
+                    "{e}: the file system holding the log is full; not reading from the source until there is room (nothing is lost: the publisher keeps the changes), trying again every {}s. Free space there, or keep the log below the space there is with [log] max_size (and a smaller segment_size)",
+                    ROOM_RETRY.as_secs()
+                );
+                next_report = Instant::now() + FULL_REPORT;
+            }
+            std::thread::sleep(ROOM_RETRY);
         }
+    }
+
+    /// The current segment has reached `segment_size`: the next record goes to a new one.
+    fn segment_full(&self) -> bool {
+        self.len >= self.shared.options.segment_size && self.len > SEGMENT_HEADER_LEN
+    }
+
+    /// Frames a record into the buffer. Returns the new head if the record
+    /// ends a unit.
+    fn add(&mut self, payload: &[u8], lsn: Lsn, unit_end: bool) -> Option<Head> {
         let pos = self.len;
         let before = self.buffer.len();
         frame::encode(&mut self.buffer, self.next_seq, lsn, unit_end, payload);
@@ -279,20 +349,27 @@ impl WriterThread {
             last_lsn: lsn,
         };
         if !unit_end {
-            return Ok(None);
+            return None;
         }
         self.last_unit_lsn = lsn;
-        Ok(Some(self.tail))
+        Some(self.tail)
     }
 
+    /// Writes the buffer to the segment. A write that fails part-way is cut
+    /// back, so the segment always ends at a whole record and the write can
+    /// be tried again.
     fn write_buffer(&mut self) -> Result<(), LogError> {
         if self.buffer.is_empty() {
             return Ok(());
         }
-        self.file.write_all(&self.buffer).map_err(LogError::io(
-            "write",
-            segment_path(&self.shared.dir, self.base),
-        ))?;
+        let path = || segment_path(&self.shared.dir, self.base);
+        if let Err(e) = self.file.write_all(&self.buffer) {
+            let written = self.len - self.buffer.len() as u64;
+            self.file
+                .set_len(written)
+                .map_err(LogError::io("cut back a partial write to", path()))?;
+            return Err(LogError::io("write", path())(e));
+        }
         self.buffer.clear();
         self.unsynced = true;
         Ok(())
