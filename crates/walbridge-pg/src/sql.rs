@@ -62,9 +62,11 @@ pub fn describe_pg_error(e: &tokio_postgres::Error) -> String {
         }
         return text;
     }
-    match std::error::Error::source(e) {
-        Some(cause) => format!("{e}: {cause}"),
-        None => e.to_string(),
+    // tokio-postgres prints its cause in its own message, most of the time.
+    let text = e.to_string();
+    match std::error::Error::source(e).map(|c| c.to_string()) {
+        Some(cause) if !text.contains(&cause) => format!("{text}: {cause}"),
+        _ => text,
     }
 }
 

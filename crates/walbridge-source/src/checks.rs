@@ -26,9 +26,21 @@ pub struct Finding {
     pub severity: Severity,
     /// What is wrong and how to fix it.
     pub message: String,
-    /// The problem may clear up by itself within seconds (the slot is
-    /// still held by the walsender of a consumer that just died).
-    pub may_clear: bool,
+    /// Whether it may go away without anyone fixing it.
+    pub outlook: Outlook,
+}
+
+/// Whether a problem may go away by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outlook {
+    /// It stays until someone fixes it.
+    Lasting,
+    /// It may clear within seconds: the slot is still held by the
+    /// walsender of a consumer that just died.
+    Passing,
+    /// The server could not be reached, or is starting, shutting down or
+    /// out of connections: `run` waits for it as for a lost connection.
+    Unreachable,
 }
 
 impl fmt::Display for Finding {
@@ -45,7 +57,7 @@ fn error(message: String) -> Finding {
     Finding {
         severity: Severity::Error,
         message,
-        may_clear: false,
+        outlook: Outlook::Lasting,
     }
 }
 
@@ -53,7 +65,7 @@ fn warning(message: String) -> Finding {
     Finding {
         severity: Severity::Warning,
         message,
-        may_clear: false,
+        outlook: Outlook::Lasting,
     }
 }
 
@@ -75,7 +87,20 @@ pub fn explain_connection_error(source: &str, target: &str, e: &ConnectionError)
             "source `{source}`: {target} has no free connection or WAL sender ({e}): raise max_wal_senders / max_connections, or stop unused consumers"
         ),
         Some("3D000") => format!("source `{source}`: {e}: check `dbname` in `connection`"),
-        _ => format!("source `{source}`: cannot connect to {target}: {e}"),
+        _ if e.is_transient() => format!(
+            "source `{source}`: {}: is the server running and accepting connections there? Check host and port in `connection`",
+            failed_at(target, &detail)
+        ),
+        _ => format!("source `{source}`: {}", failed_at(target, &detail)),
+    }
+}
+
+/// "cannot connect to `target`: `detail`", unless the detail says so already.
+fn failed_at(target: &str, detail: &str) -> String {
+    if detail.contains(target) {
+        detail.to_owned()
+    } else {
+        format!("cannot connect to {target}: {detail}")
     }
 }
 
@@ -85,7 +110,7 @@ pub async fn check_source(config: &SourceConfig, params: &ConnParams) -> Vec<Fin
     let target = params.display_target();
     let client = match connect_sql(params, config.application_name()).await {
         Ok(c) => c,
-        Err(e) => return vec![error(explain_connection_error(&config.name, &target, &e))],
+        Err(e) => return vec![connection_failure(&config.name, &target, &e)],
     };
     let mut findings = match sql_checks(config, &client, &target).await {
         Ok(f) => f,
@@ -100,9 +125,21 @@ pub async fn check_source(config: &SourceConfig, params: &ConnParams) -> Vec<Fin
             findings.extend(slot_checks(config, &mut conn, &client, &target).await);
             conn.close().await;
         }
-        Err(e) => findings.push(error(explain_connection_error(&config.name, &target, &e))),
+        Err(e) => findings.push(connection_failure(&config.name, &target, &e)),
     }
     findings
+}
+
+/// The finding for a connection that failed.
+fn connection_failure(source: &str, target: &str, e: &ConnectionError) -> Finding {
+    Finding {
+        outlook: if e.is_transient() {
+            Outlook::Unreachable
+        } else {
+            Outlook::Lasting
+        },
+        ..error(explain_connection_error(source, target, e))
+    }
 }
 
 async fn sql_checks(
@@ -220,7 +257,7 @@ async fn slot_checks(
             if slot.active {
                 let pid = slot.active_pid.map_or_else(|| "another process".to_owned(), |p| format!("process {p}"));
                 findings.push(Finding {
-                    may_clear: true,
+                    outlook: Outlook::Passing,
                     ..error(format!(
                         "source `{name}`: slot \"{slot_name}\" is in use by {pid} on {target}: stop the other consumer (another walbridge?) or set a different `slot`"
                     ))

@@ -30,7 +30,7 @@ use walbridge_core::{EventBatch, Lsn, PgTimestamp, Relation, SourceEvent};
 
 use crate::assembler::{Assembled, Assembler, AssemblyError, CommittedTransaction};
 use crate::catalog::{CatalogError, TypeCatalog, describe_table, published_tables};
-use crate::checks::{Finding, Severity, check_source, explain_connection_error};
+use crate::checks::{Finding, Outlook, Severity, check_source, explain_connection_error};
 use crate::config::{OriginFilter, SourceConfig};
 use crate::pgoutput::{DecodeError, Decoder, Message};
 use crate::slot::{self, SlotPersistence, SnapshotAction};
@@ -83,27 +83,47 @@ pub enum SourceError {
     /// The state directory could not be used.
     #[error("source `{0}`: state in {1}: {2}")]
     State(String, PathBuf, std::io::Error),
+    /// Downstream (the log) stopped taking changes; its own error says why.
+    #[error("source `{0}`: the log stopped taking changes")]
+    DownstreamClosed(String),
+    /// A stop was requested while changes waited for room downstream.
+    #[error("source `{0}`: stopped while waiting for room in the log")]
+    Stopped(String),
 }
 
 impl SourceError {
-    /// True for failures that may go away by reconnecting (network, server restart).
+    /// True for failures that may go away by reconnecting (network, server
+    /// restart, a slot still held by a walsender going away): `run`
+    /// retries these, at start and mid-stream alike.
     pub fn is_transient(&self) -> bool {
         match self {
             SourceError::Connection(_, e) => {
-                matches!(
-                    e,
-                    ConnectionError::Connect { .. }
-                        | ConnectionError::Io(_)
-                        | ConnectionError::Closed
-                ) || e.sqlstate().is_some_and(|s| {
-                    s.starts_with("57") || s.starts_with("08") || s == "53300" || s == "55006"
-                })
+                e.is_transient() || e.sqlstate().is_some_and(|s| s == "55006")
             }
+            // Every problem is an unreachable server.
+            SourceError::Prerequisites(findings) => findings
+                .iter()
+                .filter(|f| f.severity == Severity::Error)
+                .all(|f| f.outlook == Outlook::Unreachable),
             SourceError::Snapshot(_, SnapshotError::Connection(_)) => true,
             // The catalog connection broke (the server restarted, say).
             SourceError::Catalog(_, CatalogError::Query { source, .. }) => {
                 source.is_closed() || source.code().is_none()
             }
+            _ => false,
+        }
+    }
+
+    /// True when the publisher or the configuration must change before the
+    /// source can run: failed checks, a refused connection (credentials,
+    /// pg_hba.conf, privileges), a lost slot. The same at start and
+    /// mid-stream (a password changed on the server shows at the next
+    /// reconnect).
+    pub fn is_prerequisite(&self) -> bool {
+        match self {
+            SourceError::Params { .. } | SourceError::Slot(_) => true,
+            SourceError::Prerequisites(_) => !self.is_transient(),
+            SourceError::Connection(_, e) => e.is_refusal(),
             _ => false,
         }
     }
@@ -124,6 +144,13 @@ const STATUS_GAP: Duration = Duration::from_millis(10);
 /// Messages taken from the connection's buffer in one go before the stream
 /// loop looks at its other duties (status updates, shutdown) again.
 const BURST: usize = 512;
+
+/// The first wait before connecting again after a transient failure; it
+/// doubles with every failure in a row, up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+
+/// The longest wait between two connection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Changes per batch handed downstream; a large transaction goes in several.
 const MAX_BATCH: usize = 256;
@@ -216,6 +243,8 @@ struct Positions {
     keepalive_end: Lsn,
     reported_flush: Lsn,
     applied: watch::Receiver<Lsn>,
+    /// The current connection reached streaming (resets the reconnect backoff).
+    streamed: bool,
 }
 
 impl Source {
@@ -331,8 +360,10 @@ impl Source {
     }
 
     /// Runs until `shutdown` turns true or a permanent error. Transient
-    /// failures (lost connection, server restart) are retried with
-    /// exponential backoff.
+    /// failures (an unreachable publisher, a lost connection, a server
+    /// restart) are retried with exponential backoff, at start as
+    /// mid-stream; the backoff starts again from its first step after a
+    /// connection that reached streaming.
     pub async fn run(
         &self,
         downstream: Downstream,
@@ -344,7 +375,6 @@ impl Source {
             applied,
             resume_after,
         } = downstream;
-        self.preflight(&mut shutdown).await?;
         let spill_dir = self.state_dir.join("spill");
         spill::clear_dir(&spill_dir)
             .map_err(|e| SourceError::Spill(self.config.name.clone(), e))?;
@@ -355,28 +385,43 @@ impl Source {
             keepalive_end: Lsn::ZERO,
             reported_flush: Lsn::ZERO,
             applied,
+            streamed: false,
         };
-        let mut backoff = Duration::from_millis(500);
+        let mut checked = false;
+        let mut backoff = FIRST_BACKOFF;
         loop {
-            let result = self
-                .run_once(
-                    &events,
-                    &mut flushed,
-                    &mut shutdown,
-                    &mut assembler,
-                    &mut positions,
-                )
-                .await;
+            let result = if checked {
+                Ok(())
+            } else {
+                self.preflight(&mut shutdown).await
+            };
+            let result = match result {
+                Ok(()) => {
+                    checked = true;
+                    self.run_once(
+                        &events,
+                        &mut flushed,
+                        &mut shutdown,
+                        &mut assembler,
+                        &mut positions,
+                    )
+                    .await
+                }
+                Err(e) => Err(e),
+            };
             assembler.reset();
+            if std::mem::take(&mut positions.streamed) {
+                backoff = FIRST_BACKOFF;
+            }
             match result {
-                Ok(()) => return Ok(()),
+                Ok(()) | Err(SourceError::Stopped(_)) => return Ok(()),
                 Err(e) if e.is_transient() && !*shutdown.borrow() => {
-                    tracing::warn!(source = %self.config.name, "{e}; reconnecting in {backoff:?}");
+                    tracing::warn!(source = %self.config.name, "{e}; retrying in {backoff:?}");
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
                         _ = shutdown.changed() => return Ok(()),
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
                 Err(e) => return Err(e),
             }
@@ -401,7 +446,9 @@ impl Source {
                 }
                 return Ok(());
             }
-            if !errors.iter().all(|f| f.may_clear) || tokio::time::Instant::now() >= deadline {
+            if !errors.iter().all(|f| f.outlook == Outlook::Passing)
+                || tokio::time::Instant::now() >= deadline
+            {
                 return Err(SourceError::Prerequisites(
                     errors.into_iter().cloned().collect(),
                 ));
@@ -696,6 +743,7 @@ impl Source {
             .await
             .map_err(|e| self.err(e))?;
         tracing::info!(source = %name, slot = %self.config.slot_name(), "streaming changes");
+        positions.streamed = true;
         let mut decoder = Decoder::new();
         let mut types = TypeCatalog::new();
         let mut ticker = tokio::time::interval(Duration::from_secs(self.config.status_interval));
@@ -720,6 +768,9 @@ impl Source {
                     return self.finish(conn, flushed, assembler, positions).await;
                 }
                 message = conn.recv_copy() => Some(message),
+                // The log failed: stop now, not at the next change (a quiet
+                // database may send none for hours).
+                _ = events.closed() => return Err(SourceError::DownstreamClosed(name.clone())),
                 _ = flushed.changed() => {
                     status_due.get_or_insert(last_status + STATUS_GAP);
                     None
@@ -815,6 +866,7 @@ impl Source {
                                         &mut conn,
                                         events,
                                         flushed,
+                                        shutdown,
                                         assembler,
                                         positions,
                                         vec![SourceEvent::Message(m)],
@@ -824,8 +876,10 @@ impl Source {
                                 }
                             }
                             Assembled::Committed(txn) => {
-                                self.emit(&mut conn, events, flushed, assembler, positions, txn)
-                                    .await?
+                                self.emit(
+                                    &mut conn, events, flushed, shutdown, assembler, positions, txn,
+                                )
+                                .await?
                             }
                         }
                     }
@@ -840,11 +894,13 @@ impl Source {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn emit(
         &self,
         conn: &mut ReplicationConnection,
         events: &mpsc::Sender<EventBatch>,
         flushed: &watch::Receiver<Lsn>,
+        shutdown: &watch::Receiver<bool>,
         assembler: &Assembler,
         positions: &mut Positions,
         txn: CommittedTransaction,
@@ -867,12 +923,12 @@ impl Source {
             ));
             if batch.len() >= MAX_BATCH {
                 let full = std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH));
-                self.deliver(conn, events, flushed, assembler, positions, full)
+                self.deliver(conn, events, flushed, shutdown, assembler, positions, full)
                     .await?;
             }
         }
         batch.push(SourceEvent::Commit(info.clone()));
-        self.deliver(conn, events, flushed, assembler, positions, batch)
+        self.deliver(conn, events, flushed, shutdown, assembler, positions, batch)
             .await?;
         positions.last_emitted_end = info.end_lsn;
         self.stats
@@ -882,33 +938,33 @@ impl Source {
     }
 
     /// Hands a batch of events downstream, waiting for room; while waiting, keeps
-    /// the publisher informed so it does not time the connection out.
+    /// the publisher informed so it does not time the connection out. A
+    /// stop request ends the wait ([`SourceError::Stopped`]): what was not
+    /// handed over was never confirmed, so the publisher sends it again.
+    #[allow(clippy::too_many_arguments)]
     async fn deliver(
         &self,
         conn: &mut ReplicationConnection,
         events: &mpsc::Sender<EventBatch>,
         flushed: &watch::Receiver<Lsn>,
+        shutdown: &watch::Receiver<bool>,
         assembler: &Assembler,
         positions: &mut Positions,
         batch: EventBatch,
     ) -> Result<(), SourceError> {
-        let closed = || SourceError::Snapshot(self.config.name.clone(), SnapshotError::Closed);
-        let mut event = Some(batch);
+        let name = &self.config.name;
+        let mut stop = shutdown.clone();
         loop {
-            match tokio::time::timeout(
-                Duration::from_secs(self.config.status_interval),
-                events.reserve(),
-            )
-            .await
-            {
-                Ok(Ok(permit)) => {
-                    if let Some(e) = event.take() {
-                        permit.send(e);
-                    }
+            tokio::select! {
+                permit = events.reserve() => {
+                    let permit = permit.map_err(|_| SourceError::DownstreamClosed(name.clone()))?;
+                    permit.send(batch);
                     return Ok(());
                 }
-                Ok(Err(_)) => return Err(closed()),
-                Err(_) => {
+                _ = async { stop.wait_for(|stop| *stop).await.is_ok() } => {
+                    return Err(SourceError::Stopped(name.clone()));
+                }
+                _ = tokio::time::sleep(Duration::from_secs(self.config.status_interval)) => {
                     let acked = *flushed.borrow();
                     self.send_status(conn, positions, acked, assembler).await?;
                 }

@@ -109,6 +109,39 @@ impl ConnectionError {
             _ => None,
         }
     }
+
+    /// True when connecting again may succeed without anyone changing
+    /// anything: the server could not be reached or the connection broke,
+    /// or the server is starting, shutting down or out of connections.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ConnectionError::Connect { .. } | ConnectionError::Io(_) | ConnectionError::Closed => {
+                true
+            }
+            // tokio-postgres reports unreachable servers and broken connections without a SQLSTATE.
+            ConnectionError::Sql(e) if e.code().is_none() => true,
+            _ => self
+                .sqlstate()
+                .is_some_and(|s| s.starts_with("57") || s.starts_with("08") || s == "53300"),
+        }
+    }
+
+    /// True when the server (or the TLS setup) refused walbridge in a way
+    /// only a change of configuration or of the server fixes: credentials,
+    /// pg_hba.conf, privileges, a missing database, certificates.
+    pub fn is_refusal(&self) -> bool {
+        match self {
+            ConnectionError::Tls(_)
+            | ConnectionError::TlsRefused { .. }
+            | ConnectionError::TlsHandshake { .. }
+            | ConnectionError::PasswordRequired { .. }
+            | ConnectionError::UnsupportedAuth(_)
+            | ConnectionError::Scram(_) => true,
+            _ => self
+                .sqlstate()
+                .is_some_and(|s| s.starts_with("28") || s == "42501" || s == "3D000"),
+        }
+    }
 }
 
 trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
