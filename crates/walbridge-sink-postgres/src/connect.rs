@@ -108,6 +108,7 @@ pub async fn health_check(config: &PostgresSinkConfig) -> Result<String, SinkErr
             params.display_target()
         )));
     }
+    crate::progress::check_privileges(&client, config.progress, &config.progress_table).await?;
     Ok(format!(
         "target {} (PostgreSQL {version}) accepts writes as \"{}\"",
         params.display_target(),

@@ -17,7 +17,7 @@
 
 use tokio_postgres::Client;
 use walbridge_core::{Lsn, PgTimestamp};
-use walbridge_pg::{quote_literal, quote_qualified};
+use walbridge_pg::{quote_ident, quote_literal, quote_qualified};
 
 use crate::config::ProgressMode;
 use crate::error::SinkError;
@@ -78,22 +78,7 @@ impl ProgressStore {
         sink: &str,
         source: &str,
     ) -> Result<Self, SinkError> {
-        let may_use_origins = may_use_origins(client).await?;
-        let use_origin = match mode {
-            ProgressMode::Origin if !may_use_origins => {
-                return Err(SinkError::Privilege {
-                    what: "progress = \"origin\" but the role may not use replication origins"
-                        .into(),
-                    fix: format!(
-                        "connect as a superuser, or GRANT EXECUTE ON FUNCTION {} TO the role; or use progress = \"table\"",
-                        ORIGIN_FUNCTIONS.join(", ")
-                    ),
-                });
-            }
-            ProgressMode::Origin => true,
-            ProgressMode::Auto => may_use_origins,
-            ProgressMode::Table => false,
-        };
+        let use_origin = uses_origin(client, mode).await?;
         if use_origin {
             let store = ProgressStore::Origin {
                 name: Self::origin_name(sink, source),
@@ -398,6 +383,84 @@ fn parse_lane(text: &str) -> Option<(usize, usize)> {
 }
 
 /// Superusers may; others need EXECUTE on every origin function.
+/// Whether progress goes to an origin (`auto`: when the role may use
+/// one); `origin` without the privileges is an error saying what to grant.
+async fn uses_origin(client: &Client, mode: ProgressMode) -> Result<bool, SinkError> {
+    let may_use_origins = may_use_origins(client).await?;
+    match mode {
+        ProgressMode::Origin if !may_use_origins => Err(SinkError::Privilege {
+            what: "progress = \"origin\" but the role may not use replication origins".into(),
+            fix: format!(
+                "connect as a superuser, or GRANT EXECUTE ON FUNCTION {} TO the role; or use progress = \"table\"",
+                ORIGIN_FUNCTIONS.join(", ")
+            ),
+        }),
+        ProgressMode::Origin => Ok(true),
+        ProgressMode::Auto => Ok(may_use_origins),
+        ProgressMode::Table => Ok(false),
+    }
+}
+
+/// Checks, without creating anything, that the role can store progress
+/// the way [`ProgressStore::open`] will: replication origins, or the
+/// progress table (read and written if it exists, else created, which
+/// needs CREATE on its schema — PostgreSQL 15 took that right on `public`
+/// away from ordinary roles).
+pub async fn check_privileges(
+    client: &Client,
+    mode: ProgressMode,
+    progress_table: &str,
+) -> Result<(), SinkError> {
+    if uses_origin(client, mode).await? {
+        return Ok(());
+    }
+    let (schema, table) = split_qualified(progress_table).map_err(SinkError::Mapping)?;
+    let row = client
+        .query_one(
+            "SELECT current_user::text, n.oid IS NOT NULL,                     coalesce(has_schema_privilege(n.oid, 'USAGE'), false),                     coalesce(has_schema_privilege(n.oid, 'CREATE'), false),                     c.oid IS NOT NULL,                     coalesce(has_table_privilege(c.oid, 'SELECT, INSERT, UPDATE'), false)              FROM (SELECT 1) one              LEFT JOIN pg_namespace n ON n.nspname = $1              LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = $2",
+            &[&schema, &table],
+        )
+        .await
+        .map_err(failed("checking the role's privileges on the progress table"))?;
+    let (user, schema_exists, usage, create, table_exists, writable): (
+        String,
+        bool,
+        bool,
+        bool,
+        bool,
+        bool,
+    ) = (
+        row.get(0),
+        row.get(1),
+        row.get(2),
+        row.get(3),
+        row.get(4),
+        row.get(5),
+    );
+    let user = quote_ident(&user);
+    let schema_name = quote_ident(schema);
+    let quoted = quote_qualified(schema, table);
+    let what = format!(
+        "the role cannot store its progress in {quoted} (progress = \"table\", or \"auto\" without replication origins)"
+    );
+    let fix = if !schema_exists {
+        format!(
+            "CREATE SCHEMA {schema_name} AUTHORIZATION {user} on the target, or set `progress_table` to a table in an existing schema"
+        )
+    } else if !usage {
+        format!("GRANT USAGE ON SCHEMA {schema_name} TO {user}")
+    } else if table_exists && !writable {
+        format!("GRANT SELECT, INSERT, UPDATE ON {quoted} TO {user}")
+    } else if !table_exists && !create {
+        format!(
+            "GRANT CREATE ON SCHEMA {schema_name} TO {user} (it creates {quoted}), or set `progress_table` to a schema the role may create tables in"
+        )
+    } else {
+        return Ok(());
+    };
+    Err(SinkError::Privilege { what, fix })
+}
+
 async fn may_use_origins(client: &Client) -> Result<bool, SinkError> {
     let row = client
         .query_one(
