@@ -1,8 +1,10 @@
 //! The `walbridge` command.
 
 mod config;
+mod data_dir;
 mod log_config;
 mod pipeline;
+mod report;
 mod sink;
 
 use std::path::PathBuf;
@@ -11,9 +13,10 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use walbridge_source::Source;
-use walbridge_source::checks::Severity;
+use walbridge_source::checks::{Outlook, Severity};
 
 use crate::config::Config;
+use crate::report::describe;
 
 /// Exit status for a configuration or usage error.
 const EXIT_CONFIG: u8 = 2;
@@ -143,12 +146,43 @@ fn load(path: &std::path::Path) -> Result<Config, Failure> {
 async fn check(path: &std::path::Path) -> Result<(), Failure> {
     let config = load(path)?;
     let mut errors = 0;
+    let data_dir = &config.data_dir;
+    match data_dir::probe_writable(data_dir) {
+        Ok(()) => println!("ok: data_dir {} is writable", data_dir.display()),
+        Err(e) => {
+            eprintln!(
+                "error: data_dir {}: {e}: make it writable by the user walbridge runs as, or choose another data_dir",
+                data_dir.display()
+            );
+            errors += 1;
+        }
+    }
+    let running = data_dir::DataDirLock::holder(data_dir);
+    if let Some(pid) = running {
+        println!(
+            "note: data_dir {} is in use by a running walbridge (pid {pid}); `run` and `drop` refuse to start until it stops",
+            data_dir.display()
+        );
+    }
     for source_config in &config.sources {
         let source = Source::new(source_config.clone(), &config.data_dir).map_err(|e| Failure {
             code: EXIT_CONFIG,
             error: e.into(),
         })?;
-        let findings = source.check().await;
+        let mut findings = source.check().await;
+        if let Some(pid) = running {
+            // The slot in use is the running instance's own.
+            findings.retain(|f| {
+                let own = f.outlook == Outlook::Passing;
+                if own {
+                    println!(
+                        "note: {} (the walbridge running on this data_dir, pid {pid}, presumably)",
+                        f.message
+                    );
+                }
+                !own
+            });
+        }
         for f in &findings {
             eprintln!("{f}");
         }
@@ -173,12 +207,12 @@ async fn check(path: &std::path::Path) -> Result<(), Failure> {
                     .await
                     .map_err(anyhow::Error::new)
             }
-            config::SinkConfig::Jsonl(_) => continue,
+            config::SinkConfig::Jsonl(c) => sink::jsonl::health_check(c),
         };
         match health {
             Ok(line) => println!("ok: sink `{}`: {line}", sink.name()),
             Err(e) => {
-                eprintln!("error: sink `{}`: {e}", sink.name());
+                eprintln!("error: sink `{}`: {}", sink.name(), describe(&e));
                 errors += 1;
             }
         }
@@ -239,6 +273,14 @@ async fn check_targets(config: &Config, source: &Source) -> usize {
     problems
 }
 
+/// Locks `data_dir` for this process (see [`data_dir`]).
+fn lock(config: &Config) -> Result<data_dir::DataDirLock, Failure> {
+    data_dir::DataDirLock::acquire(&config.data_dir).map_err(|e| Failure {
+        code: EXIT_PREREQUISITE,
+        error: e.into(),
+    })
+}
+
 async fn drop_sources(path: &std::path::Path, only: Option<&str>) -> Result<(), Failure> {
     let config = load(path)?;
     if let Some(name) = only
@@ -249,6 +291,7 @@ async fn drop_sources(path: &std::path::Path, only: Option<&str>) -> Result<(), 
             error: anyhow::anyhow!("no source named `{name}` in {}", path.display()),
         });
     }
+    let _lock = lock(&config)?;
     for source_config in config
         .sources
         .iter()
@@ -315,14 +358,11 @@ async fn skip(
 
 async fn run_pipeline(path: &std::path::Path) -> Result<(), Failure> {
     let config = load(path)?;
-    std::fs::create_dir_all(&config.data_dir)
-        .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
+    let _lock = lock(&config)?;
     pipeline::run(config).await.map_err(|error| {
         let prerequisite = error.chain().any(|c| {
-            matches!(
-                c.downcast_ref(),
-                Some(walbridge_source::SourceError::Prerequisites(_))
-            )
+            c.downcast_ref::<walbridge_source::SourceError>()
+                .is_some_and(walbridge_source::SourceError::is_prerequisite)
         });
         Failure {
             code: if prerequisite {
@@ -336,6 +376,14 @@ async fn run_pipeline(path: &std::path::Path) -> Result<(), Failure> {
 }
 
 fn main() -> ExitCode {
+    // A write past the file-size limit (RLIMIT_FSIZE) then fails with EFBIG,
+    // which walbridge reports and handles like any write error, instead of
+    // SIGXFSZ killing the process without a word (PostgreSQL does the same).
+    // SAFETY: setting a signal's disposition to SIG_IGN before any other
+    // thread exists has no memory-safety preconditions.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     let cli = Cli::parse();
     init_logging(&cli.log);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -362,13 +410,19 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure { code, error }) => {
-            // One line: the causes, outermost first.
-            let message = error
-                .chain()
-                .map(|c| c.to_string())
-                .collect::<Vec<_>>()
-                .join(": ");
-            eprintln!("walbridge: {}", message.replace('\n', "; "));
+            let message = describe(&error);
+            // A message of several lines (the TOML parser's, with the place
+            // it points at; several configuration problems) is shown as
+            // written, then summed up in the one final line.
+            let mut lines = message.lines();
+            let first = lines.next().unwrap_or_default();
+            let rest: Vec<&str> = lines.collect();
+            if rest.is_empty() {
+                eprintln!("walbridge: {first}");
+            } else {
+                eprintln!("{message}");
+                eprintln!("walbridge: {first} (details above)");
+            }
             ExitCode::from(code)
         }
     }

@@ -25,6 +25,7 @@ use walbridge_log::{Appender, Log, LogReader, LogWriter};
 use walbridge_source::{Downstream, Source};
 
 use crate::config::{Config, SinkConfig};
+use crate::report::describe;
 use crate::sink::{LogPosition, Reopen, Routed, Sink, SourceContext};
 
 /// Event batches (up to 256 events each) queued between a source and its log.
@@ -304,12 +305,19 @@ async fn start_positions(
     }
 }
 
-/// Appends a source's events to its log, then closes the log.
+/// Appends a source's events to its log, then closes the log. A writer
+/// failure ends it at once, which closes the source's queue: the source
+/// stops without waiting for its next change.
 async fn append(
     mut events: mpsc::Receiver<EventBatch>,
     mut appender: Appender,
 ) -> Result<(), walbridge_log::LogError> {
-    while let Some(batch) = events.recv().await {
+    loop {
+        let batch = tokio::select! {
+            batch = events.recv() => batch,
+            failure = appender.failed() => return Err(failure),
+        };
+        let Some(batch) = batch else { break };
         for event in batch {
             appender.append(event).await?;
         }
@@ -440,34 +448,46 @@ async fn supervise(
             Ok(sink) => run_sink(sink, &name, &inputs, closing.clone()).await,
             Err(e) => Err(SinkStop::Sink(e)),
         };
-        match outcome {
+        let e = match outcome {
             Ok(()) => return Ok(()),
-            Err(SinkStop::Log(e)) => {
-                tracing::error!(sink = %name, "{e:#}; the sink stopped (sources and other sinks go on)");
-                return Err(e);
+            Err(SinkStop::Log(e)) => return Err(stopped_for_good(&name, e)),
+            Err(SinkStop::Sink(e)) if crate::sink::is_permanent(&e) => {
+                return Err(stopped_for_good(&name, e));
             }
-            Err(SinkStop::Sink(e)) => {
-                if *closing.borrow() {
-                    return Err(e);
-                }
-                if crate::sink::is_permanent(&e) {
-                    tracing::error!(sink = %name, "{e:#}; the sink stopped (sources and other sinks go on)");
-                    return Err(e);
-                }
-                if started.elapsed() >= BACKOFF_RESET {
-                    // It ran well for a while: this is a new problem.
-                    backoff = FIRST_BACKOFF;
-                }
-                tracing::error!(sink = %name, "{e:#}; retrying in {backoff:?}");
-                let mut closing = closing.clone();
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    _ = closing.wait_for(|c| *c) => return Err(e),
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(60));
+            Err(SinkStop::Sink(e)) => e,
+        };
+        if *closing.borrow() {
+            stopped_while_retrying(&name, &e);
+            return Ok(());
+        }
+        if started.elapsed() >= BACKOFF_RESET {
+            // It ran well for a while: this is a new problem.
+            backoff = FIRST_BACKOFF;
+        }
+        tracing::warn!(sink = %name, "{}; retrying in {backoff:?}", describe(&e));
+        let mut closing = closing.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = closing.wait_for(|c| *c) => {
+                stopped_while_retrying(&name, &e);
+                return Ok(());
             }
         }
+        backoff = (backoff * 2).min(Duration::from_secs(60));
     }
+}
+
+/// A sink stopped by a failure no retry cures: said once, as an error; the
+/// run's exit status reports it when the process stops.
+fn stopped_for_good(name: &str, e: anyhow::Error) -> anyhow::Error {
+    tracing::error!(sink = %name, "{}; the sink stopped (sources and other sinks go on)", describe(&e));
+    e
+}
+
+/// A stop requested while a sink waits to retry is a clean stop: the sink
+/// resumes from its stored position at the next start.
+fn stopped_while_retrying(name: &str, e: &anyhow::Error) {
+    tracing::warn!(sink = %name, "stopping while the sink retries ({}); it resumes from its stored position at the next start", describe(e));
 }
 
 /// One run of a sink: a feeder thread per source reads the log from the

@@ -164,6 +164,41 @@ struct ResumeData {
     output_len: u64,
 }
 
+/// What `walbridge check` reports: whether the output can be opened for
+/// appending, without creating or changing it.
+pub fn health_check(config: &JsonlSinkConfig) -> anyhow::Result<String> {
+    if config.path == "-" {
+        return Ok("writes to standard output".into());
+    }
+    let path = Path::new(&config.path);
+    if path.exists() {
+        File::options()
+            .append(true)
+            .open(path)
+            .with_context(|| format!("cannot open {} for appending: make it writable by the user walbridge runs as, or change `path`", path.display()))?;
+        return Ok(format!("appends to {}", path.display()));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        anyhow::bail!(
+            "the directory of `path` {} does not exist: create it (mkdir -p {}) or change `path`",
+            path.display(),
+            dir.display()
+        );
+    }
+    crate::data_dir::probe_writable(dir).with_context(|| {
+        format!(
+            "cannot create {}: make {} writable by the user walbridge runs as, or change `path`",
+            path.display(),
+            dir.display()
+        )
+    })?;
+    Ok(format!("will create {}", path.display()))
+}
+
 /// A jsonl sink ready to run.
 pub struct JsonlSink {
     config: JsonlSinkConfig,
