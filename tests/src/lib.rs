@@ -13,6 +13,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+pub mod disk;
 pub mod fixtures;
 pub mod kafka;
 pub mod walbridge;
@@ -485,6 +486,12 @@ impl Cluster {
             .arg(format!("-p {}", self.port))
             .arg("restart");
         run(c, "pg_ctl restart");
+    }
+
+    /// Starts the server again after [`Cluster::stop`], on the same port.
+    pub fn start_again(&self) {
+        pg_ctl_start(self.bin_dir.as_deref(), self.dir.path(), self.port)
+            .unwrap_or_else(|e| panic!("PostgreSQL did not start again: {e}"));
     }
 
     /// Stops the server immediately.

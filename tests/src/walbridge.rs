@@ -177,6 +177,23 @@ impl Deployment {
         std::fs::read_to_string(self.path().join("stderr.log")).unwrap_or_default()
     }
 
+    /// Waits until walbridge's log contains `text` and returns the log;
+    /// panics with the log after `timeout`.
+    pub fn wait_for_log(&self, text: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let log = self.log();
+            if log.contains(text) {
+                return log;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "`{text}` not logged within {timeout:?}:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Every complete output line, parsed (a line still being written is left out).
     pub fn lines(&self) -> Vec<Value> {
         let text = std::fs::read_to_string(self.output_path()).unwrap_or_default();
@@ -232,6 +249,11 @@ impl Running {
                 libc::kill(child.id() as i32, signal);
             }
         }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
     }
 
     /// Sends SIGTERM and waits for the exit status (panics after `timeout`).

@@ -2,7 +2,7 @@
 //! with Python's confluent-kafka.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use walbridge_tests::Cluster;
@@ -61,18 +61,7 @@ impl Pipeline {
 
 /// Waits until walbridge's log contains `text`; returns the log.
 fn wait_for_log(wb: &Deployment, text: &str) -> String {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let log = wb.log();
-        if log.contains(text) {
-            return log;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "`{text}` not logged within {WAIT:?}:\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wb.wait_for_log(text, WAIT)
 }
 
 /// Messages per key, each key's in partition order (Kafka orders a key's

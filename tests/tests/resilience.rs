@@ -26,7 +26,7 @@ fn reconnects_after_the_publisher_restarts() {
     assert!(running.stop(WAIT).success(), "log:\n{}", wb.log());
     assert_eq!(ids_with_op(&lines, "c"), (1..=20).collect::<Vec<_>>());
     assert!(
-        wb.log().contains("reconnecting"),
+        wb.log().contains("retrying in"),
         "the reconnect is logged:\n{}",
         wb.log()
     );

@@ -1,0 +1,336 @@
+//! What a careless operator or an unlucky machine does to a running
+//! walbridge: a second instance on the same `data_dir`, a full disk, a log
+//! that cannot be written, a publisher that is down at start. Each ends
+//! with nothing lost or duplicated, the exit status the README's table
+//! gives, and a message that says what to do.
+
+use std::time::Duration;
+
+use walbridge_tests::Cluster;
+use walbridge_tests::disk::Tmpfs;
+use walbridge_tests::walbridge::{Deployment, ids_with_op};
+
+const WAIT: Duration = Duration::from_secs(120);
+
+fn publish(pg: &Cluster) {
+    pg.psql("CREATE TABLE t (id int PRIMARY KEY, pad text); CREATE PUBLICATION pub FOR TABLE t");
+}
+
+/// Inserts rows `from..=to` with `pad` bytes each, `per_transaction` rows at a time.
+fn insert(pg: &Cluster, (from, to): (i64, i64), pad: usize, per_transaction: i64) {
+    let mut start = from;
+    while start <= to {
+        let end = (start + per_transaction - 1).min(to);
+        pg.psql(&format!(
+            "INSERT INTO t SELECT g, repeat('x', {pad}) FROM generate_series({start}, {end}) g"
+        ));
+        start = end + 1;
+    }
+}
+
+/// Waits for `n` output lines, lets anything trailing arrive, and checks
+/// that they are the inserts of rows `1..=n`, each once, in order.
+fn assert_inserted_once(wb: &Deployment, n: i64) {
+    wb.wait_for_lines(n as usize, WAIT);
+    std::thread::sleep(Duration::from_secs(1));
+    let lines = wb.lines();
+    assert_eq!(
+        ids_with_op(&lines, "c"),
+        (1..=n).collect::<Vec<_>>(),
+        "log:\n{}",
+        wb.log()
+    );
+    assert_eq!(lines.len() as i64, n, "log:\n{}", wb.log());
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The last line a command printed on stderr.
+fn last_line(out: &std::process::Output) -> String {
+    stderr(out).lines().last().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn a_second_instance_on_the_same_data_dir_is_refused_and_the_first_goes_on() {
+    let pg = Cluster::start();
+    publish(&pg);
+    let wb = Deployment::new();
+    wb.configure(
+        &pg,
+        "postgres",
+        "pub",
+        "copy_data = false\nstatus_interval = 1",
+    );
+    let first = wb.start();
+    pg.wait_for_streaming(WAIT);
+    insert(&pg, (1, 1000), 10, 100);
+    wb.wait_for_lines(1000, WAIT);
+
+    // The publisher goes away for a while: the first instance waits to
+    // reconnect, holding no slot, while a second one is started.
+    pg.stop();
+    wb.wait_for_log("retrying in", WAIT);
+    std::thread::sleep(Duration::from_secs(2));
+    let holder = format!("in use by another walbridge process (pid {})", first.pid());
+    for command in ["run", "drop"] {
+        let out = wb.command(&[command]);
+        assert_eq!(out.status.code(), Some(3), "{command}: {}", stderr(&out));
+        let last = last_line(&out);
+        assert!(
+            last.starts_with("walbridge: ") && last.contains(&holder),
+            "{command}: {last}"
+        );
+    }
+    pg.start_again();
+    insert(&pg, (1001, 2000), 10, 100);
+    assert_inserted_once(&wb, 2000);
+
+    // Read-only commands still work beside the running instance.
+    let out = wb.command(&["check"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("(pid {})", first.pid())),
+        "check names the running instance: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    // The connection streamed again, so the next outage starts the backoff over.
+    let seen = wb.log().len();
+    pg.stop();
+    let log = wb.wait_for_log("retrying in", WAIT);
+    let after = &log[seen..];
+    let first_retry = after
+        .lines()
+        .find(|l| l.contains("retrying in"))
+        .unwrap_or_default();
+    assert!(first_retry.contains("retrying in 500ms"), "{first_retry}");
+    pg.start_again();
+    insert(&pg, (2001, 2100), 10, 100);
+    assert_inserted_once(&wb, 2100);
+    let status = first.stop(WAIT);
+    assert_eq!(status.code(), Some(0), "log:\n{}", wb.log());
+}
+
+#[test]
+fn a_full_disk_pauses_reading_from_the_publisher_until_there_is_room() {
+    let pg = Cluster::start();
+    publish(&pg);
+    let wb = Deployment::new();
+    // data_dir (the log, the cursors) on a small file system; the output beside it.
+    let disk = Tmpfs::mount(&wb.path().join("data"), "3m", false);
+    wb.configure(
+        &pg,
+        "postgres",
+        "pub",
+        "copy_data = false\nstatus_interval = 1",
+    );
+    let running = wb.start();
+    pg.wait_for_streaming(WAIT);
+    // About 6 MB of changes: twice what the file system holds.
+    insert(&pg, (1, 6000), 1000, 500);
+    wb.wait_for_log("the file system holding the log is full", WAIT);
+    // What is not in the log is not confirmed: the publisher keeps it.
+    let behind = pg.query_scalar(
+        "SELECT confirmed_flush_lsn < pg_current_wal_lsn() FROM pg_replication_slots",
+    );
+    assert_eq!(behind, "t");
+
+    disk.resize("64m");
+    assert_inserted_once(&wb, 6000);
+    let log = wb.wait_for_log("the disk has room again", WAIT);
+    assert!(
+        log.contains(
+            "Free space there, or keep the log below the space there is with [log] max_size"
+        ),
+        "the warning says what to do:\n{log}"
+    );
+    let status = running.stop(WAIT);
+    assert_eq!(status.code(), Some(0), "log:\n{}", wb.log());
+}
+
+/// A directory no one may change, root included (`chattr +i`), until dropped.
+struct Immutable(std::path::PathBuf);
+
+impl Immutable {
+    fn new(dir: &std::path::Path) -> Immutable {
+        let status = std::process::Command::new("chattr")
+            .arg("+i")
+            .arg(dir)
+            .status()
+            .unwrap_or_else(|e| panic!("chattr: {e}"));
+        assert!(status.success(), "chattr +i {}", dir.display());
+        Immutable(dir.to_owned())
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("chattr")
+            .arg("-i")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[test]
+fn a_log_that_cannot_be_written_stops_walbridge_at_once() {
+    let pg = Cluster::start();
+    publish(&pg);
+    let wb = Deployment::new();
+    wb.configure(&pg, "postgres", "pub", "copy_data = false");
+    let config = std::fs::read_to_string(wb.config_path()).unwrap_or_default();
+    wb.write_config(&format!("{config}\n[log]\nsegment_size = \"64kB\"\n"));
+    let mut running = wb.start();
+    pg.wait_for_streaming(WAIT);
+    // More than a segment: the next record starts a new segment file.
+    insert(&pg, (1, 100), 1000, 100);
+    wb.wait_for_lines(100, WAIT);
+    // ... which cannot be created: the log fails, for a reason other than a full disk.
+    let frozen = Immutable::new(&wb.path().join("data/sources/src/log"));
+    // One change, then a quiet database: walbridge must not wait for the
+    // next change to learn that its log is broken.
+    insert(&pg, (101, 101), 10, 1);
+    let deadline = std::time::Instant::now() + WAIT;
+    while running.is_running() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "walbridge went on with a broken log:\n{}",
+            wb.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = running.wait(WAIT);
+    assert_eq!(status.code(), Some(1), "log:\n{}", wb.log());
+    let log = wb.log();
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("walbridge: ")
+            && last.contains("cannot create")
+            && last.contains("Operation not permitted"),
+        "{last}"
+    );
+    drop(frozen);
+    // The change that did not reach the log was not confirmed: it comes again, once.
+    let running = wb.start();
+    assert_inserted_once(&wb, 101);
+    assert_eq!(running.stop(WAIT).code(), Some(0), "log:\n{}", wb.log());
+}
+
+#[test]
+fn an_unreachable_publisher_is_waited_for_at_start_as_mid_stream() {
+    let pg = Cluster::start();
+    publish(&pg);
+    let wb = Deployment::new();
+    wb.configure(&pg, "postgres", "pub", "copy_data = false");
+    // The test clusters commit asynchronously: make the publication survive an immediate stop.
+    pg.psql("CHECKPOINT");
+    pg.stop();
+    let running = wb.start();
+    let log = wb.wait_for_log("retrying in", WAIT);
+    let line = log
+        .lines()
+        .find(|l| l.contains("retrying in"))
+        .unwrap_or_default();
+    // One cause, said once, and what to check.
+    assert_eq!(line.matches("Connection refused").count(), 1, "{line}");
+    assert!(
+        line.contains("is the server running") && line.contains("`connection`"),
+        "{line}"
+    );
+    pg.start_again();
+    let streaming = pg.wait_for(
+        "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'",
+        "1",
+        WAIT,
+    );
+    assert_eq!(streaming, "1", "log:\n{}", wb.log());
+    insert(&pg, (1, 10), 10, 10);
+    assert_inserted_once(&wb, 10);
+    assert_eq!(running.stop(WAIT).code(), Some(0), "log:\n{}", wb.log());
+}
+
+#[test]
+fn a_password_refused_mid_stream_exits_as_at_start() {
+    let pg = Cluster::builder()
+        .hba(&[
+            "local all all trust",
+            "host all postgres 127.0.0.1/32 trust",
+            "host all all 127.0.0.1/32 scram-sha-256",
+            "host replication all 127.0.0.1/32 scram-sha-256",
+        ])
+        .start();
+    publish(&pg);
+    pg.psql("CREATE ROLE shipper LOGIN REPLICATION PASSWORD 'right'; GRANT SELECT ON t TO shipper");
+    let wb = Deployment::new();
+    let connection = |password: &str| {
+        format!(
+            "host=127.0.0.1 port={} dbname=postgres user=shipper password={password}",
+            pg.port()
+        )
+    };
+    wb.configure_connection(&connection("wrong"), "pub", "copy_data = false");
+    let out = wb.command(&["run"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let at_start = last_line(&out);
+    assert!(
+        at_start.contains("password authentication failed"),
+        "{at_start}"
+    );
+
+    wb.configure_connection(&connection("right"), "pub", "copy_data = false");
+    let mut running = wb.start();
+    pg.wait_for_streaming(WAIT);
+    // The password changes on the server; the next reconnect is refused.
+    pg.psql(
+        "ALTER ROLE shipper PASSWORD 'changed';
+         SELECT pg_terminate_backend(pid) FROM pg_stat_replication",
+    );
+    let status = running.wait(WAIT);
+    assert_eq!(status.code(), Some(3), "log:\n{}", wb.log());
+    let log = wb.log();
+    let mid_stream = log.lines().last().unwrap_or_default();
+    assert!(
+        mid_stream.starts_with("walbridge: ")
+            && mid_stream.contains("password authentication failed")
+            && mid_stream.contains("check the password in `connection`"),
+        "{mid_stream}"
+    );
+}
+
+#[test]
+fn stopping_while_a_sink_retries_is_a_clean_stop() {
+    let pg = Cluster::start();
+    publish(&pg);
+    let target = Cluster::start();
+    target.psql("CREATE TABLE t (id int PRIMARY KEY, pad text)");
+    let wb = Deployment::new();
+    wb.configure_sinks(
+        &pg.superuser(),
+        &["pub"],
+        "copy_data = false",
+        &format!(
+            "[[sink]]\nname = \"replica\"\ntype = \"postgres\"\nconnection = \"{}\"\n",
+            target.superuser()
+        ),
+    );
+    let running = wb.start();
+    pg.wait_for_streaming(WAIT);
+    insert(&pg, (1, 10), 10, 10);
+    target.wait_for("SELECT count(*) FROM t", "10", WAIT);
+    target.stop();
+    insert(&pg, (11, 20), 10, 10);
+    wb.wait_for_log("retrying in", WAIT);
+    let status = running.stop(WAIT);
+    assert_eq!(status.code(), Some(0), "log:\n{}", wb.log());
+    let log = wb.log();
+    let last = log.lines().last().unwrap_or_default();
+    assert!(!last.starts_with("walbridge: "), "{last}");
+    assert!(log.contains("stopping while the sink retries"), "{log}");
+    // Nothing is lost: the next run applies the rest.
+    target.start_again();
+    let running = wb.start();
+    target.wait_for("SELECT count(*) FROM t", "20", WAIT);
+    assert_eq!(running.stop(WAIT).code(), Some(0), "log:\n{}", wb.log());
+}
