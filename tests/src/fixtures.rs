@@ -99,12 +99,19 @@ impl Rng {
     }
 }
 
-/// Runs the [`transaction`]s `0..chunks * per_chunk` on `publisher`, a
-/// chunk at a time, while walbridge (`running`, of `wb`) is killed with
-/// SIGKILL at random moments (every 300 ms plus up to `spread_ms`, drawn
-/// from `rng`) and started again — at least ten times, and until the
-/// writing is done. `after_kill` runs after each kill. Returns the process
-/// running at the end and the number of kills.
+/// Runs the [`transaction`]s on `publisher`, `per_chunk` at a time, while
+/// walbridge (`running`, of `wb`) is killed with SIGKILL and started again.
+///
+/// Each kill waits 300 ms plus up to `spread_ms` (drawn from `rng`), then
+/// until walbridge's log or output grows, and kills at once: so the kills
+/// land while walbridge writes, whatever the machine's load, and do not
+/// depend on luck to interrupt a write. `after_kill` runs after each kill.
+/// The writing goes on past `chunks` chunks (up to four times as many)
+/// until `seen_enough` holds after at least ten kills, so a test can make
+/// sure the situation it checks happened. Returns the process running at
+/// the end, the number of kills and the number of transactions written
+/// (`0..n`).
+#[allow(clippy::too_many_arguments)]
 pub fn write_while_killing(
     publisher: &Cluster,
     wb: &Deployment,
@@ -113,26 +120,41 @@ pub fn write_while_killing(
     rng: &mut Rng,
     spread_ms: u64,
     mut after_kill: impl FnMut(),
-) -> (Running, u32) {
+    mut seen_enough: impl FnMut() -> bool,
+) -> (Running, u32, u64) {
+    let enough = std::sync::atomic::AtomicBool::new(false);
     let mut kills = 0;
+    let mut written = 0;
     running = std::thread::scope(|scope| {
         let writer = scope.spawn(|| {
-            for chunk in 0..chunks {
+            let mut chunk = 0;
+            while chunk < chunks
+                || (chunk < 4 * chunks && !enough.load(std::sync::atomic::Ordering::SeqCst))
+            {
                 let sql: String = (chunk * per_chunk..(chunk + 1) * per_chunk)
                     .map(|i| transaction(i).0)
                     .collect();
                 publisher.psql(&sql);
+                chunk += 1;
                 std::thread::sleep(Duration::from_millis(150));
             }
+            chunk * per_chunk
         });
         while !writer.is_finished() || kills < 10 {
             std::thread::sleep(Duration::from_millis(300 + rng.next(spread_ms)));
+            if kills >= 10 && seen_enough() {
+                enough.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            wb.wait_for_growth(Duration::from_secs(2));
             running.kill();
             kills += 1;
             after_kill();
             running = wb.start();
         }
+        written = writer
+            .join()
+            .unwrap_or_else(|_| panic!("the writer panicked"));
         running
     });
-    (running, kills)
+    (running, kills, written)
 }

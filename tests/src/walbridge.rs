@@ -172,6 +172,18 @@ impl Deployment {
             .unwrap_or(0)
     }
 
+    /// Waits until the log or the output file grows (walbridge is
+    /// writing), for at most `timeout`.
+    pub fn wait_for_growth(&self, timeout: Duration) {
+        let size =
+            || self.log_bytes() + std::fs::metadata(self.output_path()).map_or(0, |m| m.len());
+        let before = size();
+        let deadline = Instant::now() + timeout;
+        while size() == before && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// walbridge's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.path().join("stderr.log")).unwrap_or_default()

@@ -48,9 +48,14 @@ fn kill_9_during_heavy_apply_loses_and_repeats_nothing() {
     let mut rng = Rng::new(seed);
     let running = wb.start();
     publisher.wait_for_streaming(WAIT);
-    let mut killed_mid_apply = 0;
-    let total = CHUNKS * PER_CHUNK;
-    let (running, kills) = write_while_killing(
+    let killed_mid_apply = std::cell::Cell::new(0);
+    let applied = || -> u64 {
+        subscriber
+            .psql("SELECT count(*) FROM t")
+            .parse()
+            .unwrap_or(0)
+    };
+    let (running, kills, written) = write_while_killing(
         &publisher,
         &wb,
         running,
@@ -58,16 +63,26 @@ fn kill_9_during_heavy_apply_loses_and_repeats_nothing() {
         &mut rng,
         1500,
         || {
-            let applied: u64 = subscriber
+            // Rows of `t` are one per transaction: fewer than written means
+            // the kill came while walbridge was still applying.
+            let applied = applied();
+            let written: u64 = publisher
                 .psql("SELECT count(*) FROM t")
                 .parse()
                 .unwrap_or(0);
-            if applied > 0 && applied < total {
-                killed_mid_apply += 1;
+            if applied > 0 && applied < written {
+                killed_mid_apply.set(killed_mid_apply.get() + 1);
             }
         },
+        || killed_mid_apply.get() >= 3,
     );
-    let context = || format!("seed {seed}, {kills} kills; walbridge log:\n{}", wb.log());
+    let killed_mid_apply = killed_mid_apply.get();
+    let context = || {
+        format!(
+            "seed {seed}, {kills} kills, {written} transactions; walbridge log:\n{}",
+            wb.log()
+        )
+    };
     for (table, columns) in [("t", "id, n, pad"), ("g", "id"), ("big", "id, pad")] {
         let expected = publisher.table_digest("postgres", table, columns);
         let got = subscriber.wait_for(
