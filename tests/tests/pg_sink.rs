@@ -799,7 +799,12 @@ fn a_role_without_origins_uses_the_progress_table_and_check_reports_privileges()
     p.psql("INSERT INTO t VALUES (12, 'twelve')");
     r.wait_equal("t");
     assert!(running.stop(WAIT).success(), "log:\n{}", r.wb.log());
-    assert!(r.wb.log().contains("progress=Table"), "{}", r.wb.log());
+    assert!(
+        r.wb.log()
+            .contains(r#"progress=table "bookkeeping"."progress""#),
+        "{}",
+        r.wb.log()
+    );
 }
 
 /// Every row of `t` in its text form, the same time zone on both sides.

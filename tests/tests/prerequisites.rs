@@ -165,12 +165,78 @@ fn configuration_errors_name_the_key() {
     wb.configure(&pg, "postgres", "pub", "snapshot_wrokers = 3");
     let out = wb.command(&["check"]);
     assert_eq!(out.status.code(), Some(2));
+    // The parser's message as it wrote it (the line, a caret under the
+    // key), then one line that sums it up.
     let err = stderr(&out);
-    assert_eq!(err.lines().count(), 1, "one line: {err}");
-    assert!(err.contains("snapshot_wrokers"), "{err}");
+    assert!(err.contains("| snapshot_wrokers = 3"), "{err}");
+    assert!(
+        err.lines()
+            .any(|l| l.trim_start().starts_with("| ") && l.contains('^')),
+        "{err}"
+    );
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("walbridge: configuration file ") && last.ends_with("(details above)"),
+        "{err}"
+    );
 
     wb.configure_connection("host=127.0.0.1 port=1 sslmode=sometimes", "pub", "");
     let out = wb.command(&["check"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("sslmode"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_password_with_a_space_is_never_echoed() {
+    let pg = Cluster::start();
+    let wb = Deployment::new();
+    wb.configure_connection(
+        &format!("host=127.0.0.1 port={} password=pa55 w0rd", pg.port()),
+        "pub",
+        "",
+    );
+    for command in ["check", "run"] {
+        let out = wb.command(&[command]);
+        assert_eq!(out.status.code(), Some(2), "{command}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            !err.contains("pa55") && !err.contains("w0rd"),
+            "{command}: {err}"
+        );
+        assert!(err.contains("password='…'"), "{command}: {err}");
+    }
+}
+
+#[test]
+fn check_and_run_report_a_data_dir_they_cannot_write() {
+    let pg = Cluster::start();
+    published(&pg);
+    let wb = Deployment::new();
+    let _read_only = walbridge_tests::disk::Tmpfs::mount(&wb.path().join("data"), "1m", true);
+    wb.configure(&pg, "postgres", "pub", "");
+    assert_check_fails(&wb, "Read-only file system");
+    let out = wb.command(&["check"]);
+    assert!(
+        stderr(&out).contains("make it writable by the user walbridge runs as"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn check_and_run_report_a_jsonl_path_in_a_missing_directory() {
+    let pg = Cluster::start();
+    published(&pg);
+    let wb = Deployment::new();
+    let missing = wb.path().join("no/such/dir/out.jsonl");
+    wb.configure_sinks(
+        &pg.superuser(),
+        &["pub"],
+        "",
+        &format!(
+            "[[sink]]\nname = \"out\"\ntype = \"jsonl\"\npath = \"{}\"\n",
+            missing.display()
+        ),
+    );
+    assert_check_fails(&wb, "does not exist: create it (mkdir -p");
 }

@@ -33,10 +33,9 @@ impl SslMode {
             "require" => SslMode::Require,
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
-            other => {
+            _ => {
                 return Err(ParamsError::InvalidValue {
                     key: "sslmode".into(),
-                    value: other.into(),
                     expected: "disable, allow, prefer, require, verify-ca or verify-full",
                 });
             }
@@ -53,27 +52,73 @@ pub enum Host {
     Unix(PathBuf),
 }
 
-/// A malformed connection string.
+/// The keys a connection string may hold.
+const KEYS: [&str; 13] = [
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "application_name",
+    "connect_timeout",
+    "options",
+];
+
+/// How to write a value that holds spaces, said by every syntax error.
+const QUOTING: &str = "a value holding spaces, `=` or `'` must be quoted, as in password='…' (write `'` and `\\` inside as `\\'` and `\\\\`), or given in the environment (PGPASSWORD)";
+
+/// A malformed connection string. Messages never repeat values, nor text
+/// that may be part of one: a password with a space would otherwise show
+/// up in logs as an "unknown parameter".
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ParamsError {
     /// A parameter walbridge does not know.
     #[error(
-        "unknown connection parameter `{0}` (known: host, hostaddr, port, dbname, user, password, sslmode, sslrootcert, sslcert, sslkey, application_name, connect_timeout, options)"
+        "{}; known: {}; {QUOTING}",
+        match .near_miss {
+            Some((given, known)) => format!("unknown connection parameter `{given}` (did you mean `{known}`?)"),
+            None => format!("parameter {position} of the connection string is not one walbridge knows"),
+        },
+        KEYS.join(", ")
     )]
-    UnknownKey(String),
+    UnknownKey {
+        /// Which parameter, counting from 1.
+        position: usize,
+        /// The name given and the known key it is a misspelling of; only
+        /// then is the name repeated.
+        near_miss: Option<(String, &'static str)>,
+    },
     /// A parameter with a bad value.
-    #[error("connection parameter `{key}` has invalid value `{value}`: expected {expected}")]
+    #[error("connection parameter `{key}` has an invalid value: expected {expected}")]
     InvalidValue {
         /// The parameter.
         key: String,
-        /// The value given.
-        value: String,
         /// What would have been accepted.
         expected: &'static str,
     },
     /// The text is neither a URL nor `key=value` pairs.
-    #[error("malformed connection string: {0}")]
+    #[error("malformed connection string: {0}; {QUOTING}")]
     Syntax(String),
+}
+
+impl ParamsError {
+    /// The error for the unknown key `given`, parameter `position`.
+    fn unknown_key(position: usize, given: &str) -> Self {
+        let near_miss = KEYS
+            .iter()
+            .filter(|known| strsim::levenshtein(given, known) <= 2 && given.len() >= 3)
+            .min_by_key(|known| strsim::levenshtein(given, known))
+            .map(|known| (given.to_owned(), *known));
+        ParamsError::UnknownKey {
+            position,
+            near_miss,
+        }
+    }
 }
 
 /// Parsed connection parameters.
@@ -122,15 +167,11 @@ impl ConnParams {
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ParamsError> {
         let mut get = std::collections::HashMap::new();
-        for (key, value) in pairs {
-            match key.as_str() {
-                "host" | "hostaddr" | "port" | "dbname" | "user" | "password" | "sslmode"
-                | "sslrootcert" | "sslcert" | "sslkey" | "application_name" | "connect_timeout"
-                | "options" => {
-                    get.insert(key, value);
-                }
-                _ => return Err(ParamsError::UnknownKey(key)),
+        for (position, (key, value)) in pairs.into_iter().enumerate() {
+            if !KEYS.contains(&key.as_str()) {
+                return Err(ParamsError::unknown_key(position + 1, &key));
             }
+            get.insert(key, value);
         }
         let mut value = |key: &str, var: &str| {
             get.remove(key)
@@ -154,7 +195,6 @@ impl ConnParams {
         let port = match value("port", "PGPORT") {
             Some(p) => p.parse().map_err(|_| ParamsError::InvalidValue {
                 key: "port".into(),
-                value: p,
                 expected: "a port number",
             })?,
             None => 5432,
@@ -171,7 +211,6 @@ impl ConnParams {
             Some(t) => {
                 let secs: u64 = t.parse().map_err(|_| ParamsError::InvalidValue {
                     key: "connect_timeout".into(),
-                    value: t,
                     expected: "a number of seconds",
                 })?;
                 (secs > 0).then(|| Duration::from_secs(secs.max(2)))
@@ -228,7 +267,10 @@ fn parse_key_values(text: &str) -> Result<Vec<(String, String)>, ParamsError> {
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
         if chars.next() != Some('=') {
-            return Err(ParamsError::Syntax(format!("expected `=` after `{key}`")));
+            return Err(ParamsError::Syntax(format!(
+                "parameter {} has no `=`",
+                out.len() + 1
+            )));
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
         let mut value = String::new();
@@ -239,7 +281,8 @@ fn parse_key_values(text: &str) -> Result<Vec<(String, String)>, ParamsError> {
                         Some(c) => value.push(c),
                         None => {
                             return Err(ParamsError::Syntax(format!(
-                                "unterminated quoted value for `{key}`"
+                                "the quoted value of parameter {} has no closing `'`",
+                                out.len() + 1
                             )));
                         }
                     },
@@ -247,7 +290,8 @@ fn parse_key_values(text: &str) -> Result<Vec<(String, String)>, ParamsError> {
                     Some(c) => value.push(c),
                     None => {
                         return Err(ParamsError::Syntax(format!(
-                            "unterminated quoted value for `{key}`"
+                            "the quoted value of parameter {} has no closing `'`",
+                            out.len() + 1
                         )));
                     }
                 }
@@ -267,7 +311,8 @@ fn parse_key_values(text: &str) -> Result<Vec<(String, String)>, ParamsError> {
     }
 }
 
-fn percent_decode(s: &str) -> Result<String, ParamsError> {
+/// Decodes `%XX` escapes of the URL's `part` (named in errors, never shown).
+fn percent_decode(s: &str, part: &str) -> Result<String, ParamsError> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -276,7 +321,9 @@ fn percent_decode(s: &str) -> Result<String, ParamsError> {
             let hex = s
                 .get(i + 1..i + 3)
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| ParamsError::Syntax(format!("bad percent-escape in `{s}`")))?;
+                .ok_or_else(|| {
+                    ParamsError::Syntax(format!("bad percent-escape in the URL's {part}"))
+                })?;
             out.push(hex);
             i += 3;
         } else {
@@ -285,7 +332,7 @@ fn percent_decode(s: &str) -> Result<String, ParamsError> {
         }
     }
     String::from_utf8(out)
-        .map_err(|_| ParamsError::Syntax(format!("`{s}` is not UTF-8 after decoding")))
+        .map_err(|_| ParamsError::Syntax(format!("the URL's {part} is not UTF-8 after decoding")))
 }
 
 fn parse_url(text: &str) -> Result<Vec<(String, String)>, ParamsError> {
@@ -297,10 +344,10 @@ fn parse_url(text: &str) -> Result<Vec<(String, String)>, ParamsError> {
         Some((userinfo, hostport)) => {
             let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
             if !user.is_empty() {
-                out.push(("user".into(), percent_decode(user)?));
+                out.push(("user".into(), percent_decode(user, "user")?));
             }
             if !password.is_empty() {
-                out.push(("password".into(), percent_decode(password)?));
+                out.push(("password".into(), percent_decode(password, "password")?));
             }
             hostport
         }
@@ -311,9 +358,9 @@ fn parse_url(text: &str) -> Result<Vec<(String, String)>, ParamsError> {
         let mut port = None;
         for hp in hostport.split(',') {
             let (host, p) = if let Some(v6) = hp.strip_prefix('[') {
-                let (h, after) = v6
-                    .split_once(']')
-                    .ok_or_else(|| ParamsError::Syntax(format!("unclosed `[` in `{hp}`")))?;
+                let (h, after) = v6.split_once(']').ok_or_else(|| {
+                    ParamsError::Syntax("a host in the URL has an unclosed `[`".into())
+                })?;
                 (h.to_owned(), after.strip_prefix(':'))
             } else {
                 match hp.rsplit_once(':') {
@@ -322,7 +369,7 @@ fn parse_url(text: &str) -> Result<Vec<(String, String)>, ParamsError> {
                 }
             };
             if !host.is_empty() {
-                hosts.push(percent_decode(&host)?);
+                hosts.push(percent_decode(&host, "host")?);
             }
             if let Some(p) = p {
                 port = Some(p.to_owned());
@@ -336,13 +383,16 @@ fn parse_url(text: &str) -> Result<Vec<(String, String)>, ParamsError> {
         }
     }
     if !path.is_empty() {
-        out.push(("dbname".into(), percent_decode(path)?));
+        out.push(("dbname".into(), percent_decode(path, "database name")?));
     }
     for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair
-            .split_once('=')
-            .ok_or_else(|| ParamsError::Syntax(format!("query parameter `{pair}` has no `=`")))?;
-        out.push((percent_decode(k)?, percent_decode(v)?));
+        let (k, v) = pair.split_once('=').ok_or_else(|| {
+            ParamsError::Syntax(format!("query parameter {} has no `=`", out.len() + 1))
+        })?;
+        out.push((
+            percent_decode(k, "query parameter names")?,
+            percent_decode(v, "query parameter values")?,
+        ));
     }
     Ok(out)
 }
@@ -398,7 +448,13 @@ mod tests {
 
     #[test]
     fn errors_name_the_key() {
-        assert_eq!(parse("hots=x"), Err(ParamsError::UnknownKey("hots".into())));
+        assert_eq!(
+            parse("hots=x"),
+            Err(ParamsError::UnknownKey {
+                position: 1,
+                near_miss: Some(("hots".into(), "host"))
+            })
+        );
         assert!(
             matches!(parse("sslmode=maybe"), Err(ParamsError::InvalidValue { key, .. }) if key == "sslmode")
         );
@@ -406,6 +462,26 @@ mod tests {
             matches!(parse("port=http"), Err(ParamsError::InvalidValue { key, .. }) if key == "port")
         );
         assert!(matches!(parse("host"), Err(ParamsError::Syntax(_))));
+        // A password with a space: neither half is repeated, the fix is.
+        for text in [
+            "host=db password=pa55 w0rd",
+            "host=db password=pa55 w0rd=x",
+            "host=db password='pa55 w0rd",
+            "postgres://u:pa55%zzw0rd@db/x",
+            "host=db port=pa55w0rd",
+        ] {
+            let message = parse(text).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                !message.contains("pa55") && !message.contains("w0rd"),
+                "{text}: {message}"
+            );
+            assert!(!message.is_empty(), "{text} was accepted");
+        }
+        assert!(
+            parse("host=db password=pa55 w0rd=x")
+                .err()
+                .is_some_and(|e| e.to_string().contains("password='…'"))
+        );
         assert!(matches!(
             parse("password='open"),
             Err(ParamsError::Syntax(_))

@@ -63,6 +63,15 @@ pub enum ProgressStore {
     },
 }
 
+impl std::fmt::Display for ProgressStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProgressStore::Origin { name } => write!(f, "replication origin {name}"),
+            ProgressStore::Table { table, .. } => write!(f, "table {table}"),
+        }
+    }
+}
+
 impl ProgressStore {
     /// The origin name of `sink` for `source`.
     pub fn origin_name(sink: &str, source: &str) -> String {

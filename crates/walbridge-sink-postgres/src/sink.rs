@@ -137,7 +137,7 @@ impl PostgresSink {
                 sink = %self.config.name,
                 source = %name,
                 applied = %applied.map_or("nothing yet".to_owned(), |l| l.to_string()),
-                progress = ?progress,
+                progress = %progress,
                 "resuming from the target's stored position"
             );
             let catalog = TargetCatalog::new(connect(&self.config, &params).await?);

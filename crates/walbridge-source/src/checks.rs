@@ -35,8 +35,8 @@ pub struct Finding {
 pub enum Outlook {
     /// It stays until someone fixes it.
     Lasting,
-    /// It may clear within seconds: the slot is still held by the
-    /// walsender of a consumer that just died.
+    /// It may clear within seconds: the slot (or the last free WAL
+    /// sender) is still held by the walsender of a consumer that just died.
     Passing,
     /// The server could not be reached, or is starting, shutting down or
     /// out of connections: `run` waits for it as for a lost connection.
@@ -135,6 +135,10 @@ fn connection_failure(source: &str, target: &str, e: &ConnectionError) -> Findin
     Finding {
         outlook: if e.is_transient() {
             Outlook::Unreachable
+        } else if e.sqlstate() == Some("53300") {
+            // No free connection or WAL sender: perhaps held by the walsender
+            // of a consumer that just died, like a slot still in use.
+            Outlook::Passing
         } else {
             Outlook::Lasting
         },

@@ -131,6 +131,9 @@ impl SourceConfig {
                 at("name")
             ));
         }
+        if let Err(e) = walbridge_pg::ConnParams::parse(&self.connection) {
+            problems.push(format!("{}: {e}", at("connection")));
+        }
         let slot = self.slot_name();
         if slot.is_empty()
             || slot.len() > 63

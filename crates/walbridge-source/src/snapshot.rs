@@ -91,6 +91,32 @@ struct TableTally {
     bytes: AtomicU64,
     chunks_left: AtomicU64,
     started: Instant,
+    /// The planner's row estimate (`reltuples`), when the table was analyzed.
+    estimate: Option<u64>,
+    /// Milliseconds since `started` when progress is next reported.
+    next_report: AtomicU64,
+}
+
+/// How often a table being copied reports its progress.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl TableTally {
+    /// True when it is time to report progress (once per [`PROGRESS_EVERY`],
+    /// whichever of the table's chunks asks first).
+    fn report_due(&self) -> bool {
+        let now = self.started.elapsed().as_millis() as u64;
+        let due = self.next_report.load(Ordering::Relaxed);
+        now >= due
+            && self
+                .next_report
+                .compare_exchange(
+                    due,
+                    now + PROGRESS_EVERY.as_millis() as u64,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
 }
 
 /// Copies `tables` as of `snapshot_name` with `workers` connections and
@@ -141,7 +167,7 @@ pub async fn copy_tables(
         let relation = Arc::new(describe_table(planner, &mut types, &table).await?);
         let class = planner
             .query_one(
-                "SELECT pg_relation_size(oid), relkind = 'p' FROM pg_class WHERE oid = $1",
+                "SELECT pg_relation_size(oid), relkind = 'p', reltuples::int8 FROM pg_class WHERE oid = $1",
                 &[&table.oid],
             )
             .await
@@ -149,7 +175,8 @@ pub async fn copy_tables(
                 table: table.quoted_name(),
                 source,
             })?;
-        let (size, partitioned): (i64, bool) = (class.get(0), class.get(1));
+        let (size, partitioned, reltuples): (i64, bool, i64) =
+            (class.get(0), class.get(1), class.get(2));
         let pages = (size.max(0) as u64).div_ceil(block_size.max(1) as u64);
         let chunk_pages = (chunk_bytes / block_size.max(1) as u64).max(1);
         let ranges: Vec<Option<(u64, u64)>> = if size as u64 > chunk_bytes {
@@ -167,6 +194,9 @@ pub async fn copy_tables(
             bytes: AtomicU64::new(0),
             chunks_left: AtomicU64::new(ranges.len() as u64),
             started: Instant::now(),
+            // -1 (never analyzed) or 0 (empty, or never analyzed before 14): no estimate.
+            estimate: (reltuples > 0).then_some(reltuples as u64),
+            next_report: AtomicU64::new(PROGRESS_EVERY.as_millis() as u64),
         });
         for (i, range) in ranges.into_iter().enumerate() {
             let pages = range.map(|(s, e)| if i == last { (s, u64::MAX) } else { (s, e) });
@@ -197,6 +227,29 @@ pub async fn copy_tables(
         .into_iter()
         .collect::<Result<Vec<()>, SnapshotError>>()?;
     Ok(())
+}
+
+/// Logs how far the copy of `table` has come.
+fn report_progress(table: &str, tally: &TableTally) {
+    let secs = tally.started.elapsed().as_secs_f64().max(0.001);
+    let rows = tally.rows.load(Ordering::Relaxed);
+    let bytes = tally.bytes.load(Ordering::Relaxed);
+    let share = tally
+        .estimate
+        .map(|total| {
+            format!(
+                " of about {total} ({}%)",
+                (rows * 100 / total.max(1)).min(99)
+            )
+        })
+        .unwrap_or_default();
+    tracing::info!(
+        table = %table,
+        rows,
+        bytes,
+        rows_per_sec = (rows as f64 / secs) as u64,
+        "copying table: {rows} rows{share} so far"
+    );
 }
 
 fn copy_query(job: &TableJob) -> String {
@@ -290,6 +343,9 @@ async fn copy_job(
             send(pending.split_to(end + 1).freeze()).await?;
         }
         pending.extend_from_slice(&chunk);
+        if job.tally.report_due() {
+            report_progress(&table, &job.tally);
+        }
     }
     if !pending.is_empty() {
         send(pending.freeze()).await?;

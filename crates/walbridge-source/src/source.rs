@@ -97,8 +97,10 @@ impl SourceError {
     /// retries these, at start and mid-stream alike.
     pub fn is_transient(&self) -> bool {
         match self {
+            // Mid-stream, a slot still in use (55006) or no free WAL sender
+            // (53300) is our own walsender going away after a broken connection.
             SourceError::Connection(_, e) => {
-                e.is_transient() || e.sqlstate().is_some_and(|s| s == "55006")
+                e.is_transient() || e.sqlstate().is_some_and(|s| s == "55006" || s == "53300")
             }
             // Every problem is an unreachable server.
             SourceError::Prerequisites(findings) => findings
@@ -121,7 +123,7 @@ impl SourceError {
     /// reconnect).
     pub fn is_prerequisite(&self) -> bool {
         match self {
-            SourceError::Params { .. } | SourceError::Slot(_) => true,
+            SourceError::Slot(_) => true,
             SourceError::Prerequisites(_) => !self.is_transient(),
             SourceError::Connection(_, e) => e.is_refusal(),
             _ => false,

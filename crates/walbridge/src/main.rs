@@ -359,6 +359,15 @@ async fn skip(
 async fn run_pipeline(path: &std::path::Path) -> Result<(), Failure> {
     let config = load(path)?;
     let _lock = lock(&config)?;
+    // What `check` finds wrong on this machine stops `run` the same way.
+    for sink in &config.sinks {
+        if let config::SinkConfig::Jsonl(c) = sink {
+            sink::jsonl::health_check(c).map_err(|e| Failure {
+                code: EXIT_PREREQUISITE,
+                error: e.context(format!("sink `{}`", c.name)),
+            })?;
+        }
+    }
     pipeline::run(config).await.map_err(|error| {
         let prerequisite = error.chain().any(|c| {
             c.downcast_ref::<walbridge_source::SourceError>()

@@ -45,6 +45,9 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 /// A sink run that lasted this long resets the backoff.
 const BACKOFF_RESET: Duration = Duration::from_secs(60);
 
+/// How often a sink that is behind its source's log says how far it has come.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
 /// How long a stopping pipeline lets the sinks catch up with the logs.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -516,6 +519,7 @@ async fn run_sink(
             queue: tx.clone(),
             closing: closing.clone(),
             abort: abort.clone(),
+            reported: (std::time::Instant::now(), false),
         };
         let handle = tokio::runtime::Handle::current();
         let thread = std::thread::Builder::new()
@@ -554,9 +558,36 @@ struct Feeder {
     closing: watch::Receiver<bool>,
     /// The sink stopped (or another feeder failed): stop now.
     abort: Arc<watch::Sender<bool>>,
+    /// When progress was last reported, and whether the sink was behind then.
+    reported: (std::time::Instant, bool),
 }
 
 impl Feeder {
+    /// Every [`PROGRESS_EVERY`] while the sink is behind the log by more
+    /// than a steady stream keeps in flight: how far it has read; and once
+    /// when it has caught up.
+    fn report_progress(&mut self) {
+        let (last, was_behind) = self.reported;
+        if last.elapsed() < PROGRESS_EVERY {
+            return;
+        }
+        let next = self.reader.next_seq();
+        let head = self.log.head();
+        let behind = head.next_seq.saturating_sub(next);
+        let catching_up = behind > (FEED_BATCH * SINK_QUEUE) as u64;
+        if catching_up {
+            tracing::info!(
+                sink = %self.sink,
+                source = %self.context.name,
+                "catching up: at record {next} of {}, {behind} to go",
+                head.next_seq
+            );
+        } else if was_behind {
+            tracing::info!(sink = %self.sink, source = %self.context.name, "caught up with the log");
+        }
+        self.reported = (std::time::Instant::now(), catching_up);
+    }
+
     fn run(mut self, runtime: &tokio::runtime::Handle) -> anyhow::Result<()> {
         let result = self.feed(runtime);
         if result.is_err() {
@@ -606,6 +637,7 @@ impl Feeder {
                     if self.queue.blocking_send(routed).is_err() {
                         return Ok(());
                     }
+                    self.report_progress();
                 }
                 None if *self.closing.borrow() => return Ok(()),
                 None => {

@@ -323,7 +323,7 @@ impl Applier {
             return Ok(None);
         }
         if !done.is_empty() {
-            tracing::info!(sink = %self.sink, source = %self.source.name, lanes = count, committed = ?done, "resuming the initial copy: copying again only the lanes that did not commit");
+            tracing::info!(sink = %self.sink, source = %self.source.name, lanes = count, committed = %done.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "), "resuming the initial copy: copying again only the lanes that did not commit");
         }
         Ok(Some(Lanes {
             consistent_point,

@@ -112,7 +112,8 @@ impl ConnectionError {
 
     /// True when connecting again may succeed without anyone changing
     /// anything: the server could not be reached or the connection broke,
-    /// or the server is starting, shutting down or out of connections.
+    /// or the server is starting or shutting down. (Out of connections or
+    /// WAL senders is not: see `SourceError::is_transient`.)
     pub fn is_transient(&self) -> bool {
         match self {
             ConnectionError::Connect { .. } | ConnectionError::Io(_) | ConnectionError::Closed => {
@@ -122,7 +123,7 @@ impl ConnectionError {
             ConnectionError::Sql(e) if e.code().is_none() => true,
             _ => self
                 .sqlstate()
-                .is_some_and(|s| s.starts_with("57") || s.starts_with("08") || s == "53300"),
+                .is_some_and(|s| s.starts_with("57") || s.starts_with("08")),
         }
     }
 
