@@ -1236,3 +1236,96 @@ fn check_maps_every_published_table_onto_the_target_before_streaming() {
         "{printed}"
     );
 }
+
+/// The SQL block of the README marked `<!-- tested: target role -->`.
+fn readme_target_role() -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
+    let readme =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let after = readme
+        .split("<!-- tested: target role -->")
+        .nth(1)
+        .unwrap_or_else(|| panic!("the README lost its tested target-role block"));
+    let block = after
+        .split("```sql\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .unwrap_or_else(|| panic!("no SQL block after the target-role marker"));
+    block.to_owned()
+}
+
+#[test]
+fn the_readme_least_privilege_target_role_runs() {
+    let r = Replication::new("CREATE TABLE t (id int PRIMARY KEY, v text)");
+    let (p, s) = (&r.publisher, &r.subscriber);
+    if s.major() < 15 {
+        return; // the README's block is for PostgreSQL 15+ (GRANT SET ON PARAMETER)
+    }
+    s.psql(&readme_target_role());
+    p.psql("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 10) g");
+    p.psql("CREATE PUBLICATION pub FOR TABLE t");
+    r.wb.configure_sinks(
+        &p.superuser(),
+        &["pub"],
+        "",
+        &format!(
+            "[[sink]]\nname = \"replica\"\ntype = \"postgres\"\nconnection = \"{}\"\nprogress_table = \"walbridge.progress\"\n",
+            s.connstr("replicator", "postgres")
+        ),
+    );
+    let (code, printed) = r.check();
+    assert_eq!(code, Some(0), "{printed}");
+    let running = r.start();
+    r.wait_equal("t");
+    p.wait_for_streaming(WAIT);
+    p.psql("INSERT INTO t VALUES (11, 'eleven'); UPDATE t SET v = 'upd' WHERE id = 1; DELETE FROM t WHERE id = 2; TRUNCATE t; INSERT INTO t VALUES (12, 'after truncate')");
+    r.wait_equal("t");
+    assert!(running.stop(WAIT).success(), "log:\n{}", r.wb.log());
+}
+
+#[test]
+fn check_finds_a_role_that_cannot_create_the_progress_table() {
+    let r = Replication::new("CREATE TABLE t (id int PRIMARY KEY, v text)");
+    let (p, s) = (&r.publisher, &r.subscriber);
+    if s.major() < 15 {
+        return; // GRANT SET ON PARAMETER is PostgreSQL 15+
+    }
+    // As on PostgreSQL 15+ by default: ordinary roles may not create in public.
+    s.psql(
+        "REVOKE CREATE ON SCHEMA public FROM PUBLIC;
+         CREATE ROLE applier LOGIN;
+         GRANT SET ON PARAMETER session_replication_role TO applier;
+         GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON t TO applier",
+    );
+    p.psql("CREATE PUBLICATION pub FOR TABLE t");
+    r.wb.configure_sinks(
+        &p.superuser(),
+        &["pub"],
+        "",
+        &format!(
+            "[[sink]]\nname = \"replica\"\ntype = \"postgres\"\nconnection = \"{}\"\n",
+            s.connstr("applier", "postgres")
+        ),
+    );
+    let (code, printed) = r.check();
+    assert_eq!(code, Some(3), "{printed}");
+    assert!(
+        printed.contains("cannot store its progress in \"public\".\"walbridge_progress\"")
+            && printed.contains("GRANT CREATE ON SCHEMA \"public\" TO \"applier\""),
+        "{printed}"
+    );
+    // The grant it names is enough.
+    s.psql("GRANT CREATE ON SCHEMA public TO applier");
+    let (code, printed) = r.check();
+    assert_eq!(code, Some(0), "{printed}");
+    // Once the table exists, writing it is what counts.
+    s.psql("CREATE TABLE public.walbridge_progress (sink text, source text, lsn pg_lsn, commit_time timestamptz, updated_at timestamptz, PRIMARY KEY (sink, source))");
+    let (code, printed) = r.check();
+    assert_eq!(code, Some(3), "{printed}");
+    assert!(
+        printed.contains(
+            "GRANT SELECT, INSERT, UPDATE ON \"public\".\"walbridge_progress\" TO \"applier\""
+        ),
+        "{printed}"
+    );
+}
