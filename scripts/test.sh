@@ -28,9 +28,15 @@ scripts/fetch-postgres.sh "${extra[@]}" $versions
 scripts/kafka-test-env.sh
 
 cargo build --workspace --all-targets --locked
+# Every version runs even when one fails; the status says whether all passed.
+failed=()
 echo "== tests on PostgreSQL $(postgres --version | awk '{print $3}') (system)"
-cargo nextest run --workspace --locked --no-fail-fast
+cargo nextest run --workspace --locked --no-fail-fast || failed+=(system)
 for v in $versions; do
   echo "== integration tests on PostgreSQL $v"
-  WALBRIDGE_PG_VERSION=$v cargo nextest run --workspace --locked --no-fail-fast -E 'kind(test)'
+  WALBRIDGE_PG_VERSION=$v cargo nextest run --workspace --locked --no-fail-fast -E 'kind(test)' || failed+=("$v")
 done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "test.sh: failures on PostgreSQL ${failed[*]}" >&2
+  exit 1
+fi

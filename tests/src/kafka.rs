@@ -1,11 +1,11 @@
 //! A real Kafka-protocol broker for tests, and a third-party consumer.
 //!
-//! [`Broker`] runs the `tansu` broker (in-memory storage) on a free
-//! loopback port and kills it when dropped. [`consume`] reads topics with
+//! [`Broker`] runs an Apache Kafka broker (`scripts/throwaway-kafka.sh`:
+//! KRaft, one node, a fresh cluster in a temporary directory) on a free
+//! loopback port and stops and removes it when dropped. [`consume`] reads topics with
 //! Python's `confluent-kafka`, so what the tests check is what an ordinary
 //! Kafka client sees. `scripts/kafka-test-env.sh` installs both.
 
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -19,25 +19,6 @@ fn cache_dir() -> PathBuf {
         let home = std::env::var("HOME").unwrap_or_default();
         PathBuf::from(home).join(".cache/walbridge")
     }
-}
-
-/// The tansu binary: `$WALBRIDGE_TANSU`, else `~/.cargo/bin/tansu`.
-fn tansu() -> PathBuf {
-    if let Ok(path) = std::env::var("WALBRIDGE_TANSU") {
-        return PathBuf::from(path);
-    }
-    let cargo_home = std::env::var("CARGO_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cargo")
-        });
-    let path = cargo_home.join("bin/tansu");
-    assert!(
-        path.exists(),
-        "the tansu broker is not installed at {}: run scripts/kafka-test-env.sh",
-        path.display()
-    );
-    path
 }
 
 /// The Python with confluent-kafka: `$WALBRIDGE_KAFKA_VENV/bin/python`.
@@ -54,83 +35,78 @@ fn python() -> PathBuf {
     path
 }
 
-/// A running tansu broker; killed when dropped.
+/// A running Apache Kafka broker; stopped and removed when dropped.
 pub struct Broker {
+    /// `scripts/throwaway-kafka.sh run`, leader of its own process group.
     child: Child,
-    port: u16,
+    bootstrap: String,
     log: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl Broker {
-    /// Starts a broker with in-memory storage on a free port and waits
-    /// until it accepts connections.
+    /// Starts a broker on a free port and waits until it has started.
     pub fn start() -> Broker {
         let mut last = String::new();
-        for _ in 0..5 {
-            // Another process may take the port in between: try another.
-            match Self::spawn(crate::free_port()) {
+        for _ in 0..3 {
+            // Another process may take a port the script chose: try again.
+            match Self::spawn(None) {
                 Ok(broker) => return broker,
                 Err(log) => last = log,
             }
         }
-        panic!("the tansu broker did not start:\n{last}");
+        panic!("the Kafka broker did not start:\n{last}");
     }
 
     /// Starts a broker on `port`.
     pub fn start_on(port: u16) -> Broker {
-        Self::spawn(port).unwrap_or_else(|log| panic!("the tansu broker did not start:\n{log}"))
+        Self::spawn(Some(port))
+            .unwrap_or_else(|log| panic!("the Kafka broker did not start:\n{log}"))
     }
 
-    fn spawn(port: u16) -> Result<Broker, String> {
+    fn spawn(port: Option<u16>) -> Result<Broker, String> {
+        use std::io::BufRead;
+        use std::os::unix::process::CommandExt;
         let dir = tempfile::Builder::new()
-            .prefix("walbridge-kafka-")
+            .prefix("walbridge-kafka-test-")
             .tempdir()
             .unwrap_or_else(|e| panic!("tempdir: {e}"));
         let log = dir.path().join("broker.log");
-        let url = format!("tcp://127.0.0.1:{port}");
         let output = std::fs::File::create(&log).unwrap_or_else(|e| panic!("broker log: {e}"));
-        let errors = output
-            .try_clone()
-            .unwrap_or_else(|e| panic!("broker log: {e}"));
-        let mut child = Command::new(tansu())
-            .args([
-                "broker",
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &url,
-            ])
-            .args(["--storage-engine", "memory://tansu/"])
-            .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .stdout(output)
-            .stderr(errors)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start tansu: {e}"));
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                break;
-            }
-            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Ok(Broker {
-                    child,
-                    port,
-                    log,
-                    _dir: dir,
-                });
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/throwaway-kafka.sh");
+        let mut command = Command::new("bash");
+        command.arg(script).arg("run");
+        if let Some(port) = port {
+            command.arg(port.to_string());
         }
-        let _ = child.kill();
-        let _ = child.wait();
-        Err(std::fs::read_to_string(&log).unwrap_or_default())
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(output)
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run scripts/throwaway-kafka.sh: {e}"));
+        // The script prints the bootstrap address once the broker has started, or exits.
+        let mut line = String::new();
+        if let Some(stdout) = child.stdout.take() {
+            let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+        }
+        let bootstrap = line.trim().to_owned();
+        let broker = Broker {
+            child,
+            bootstrap,
+            log,
+            _dir: dir,
+        };
+        if broker.bootstrap.is_empty() {
+            return Err(broker.log());
+        }
+        Ok(broker)
     }
 
     /// `127.0.0.1:port`, for `bootstrap.servers`.
     pub fn bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        self.bootstrap.clone()
     }
 
     /// The broker's output so far.
@@ -141,7 +117,20 @@ impl Broker {
 
 impl Drop for Broker {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        // SIGTERM to the script, which stops the broker and removes its directory.
+        let group = -(self.child.id() as i32);
+        // SAFETY: kill(2) on our own child's process group has no memory-safety preconditions.
+        unsafe {
+            libc::kill(group, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // SAFETY: as above.
+        unsafe {
+            libc::kill(group, libc::SIGKILL);
+        }
         let _ = self.child.wait();
     }
 }
@@ -186,45 +175,6 @@ pub struct Consumed {
     pub value: Value,
     /// Headers, as text.
     pub headers: Value,
-}
-
-/// librdkafka's mock cluster in a process of its own (the `mock-kafka`
-/// binary of this package): the broker for transactional tests, which
-/// tansu cannot serve. Killed when dropped.
-pub struct MockKafka {
-    child: Child,
-    bootstrap: String,
-}
-
-impl MockKafka {
-    /// Starts `binary` (the test's `env!("CARGO_BIN_EXE_mock-kafka")`).
-    pub fn start(binary: &Path) -> MockKafka {
-        let mut child = Command::new(binary)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
-        let mut line = String::new();
-        if let Some(stdout) = child.stdout.as_mut() {
-            use std::io::BufRead;
-            let _ = std::io::BufReader::new(stdout).read_line(&mut line);
-        }
-        let bootstrap = line.trim().to_owned();
-        assert!(!bootstrap.is_empty(), "the mock cluster did not start");
-        MockKafka { child, bootstrap }
-    }
-
-    /// Its bootstrap servers.
-    pub fn bootstrap(&self) -> &str {
-        &self.bootstrap
-    }
-}
-
-impl Drop for MockKafka {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// How [`consume`] reads.

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# A throwaway Apache Kafka broker (KRaft, one node that is broker and
+# controller) on free loopback ports, for the tests, the benchmarks and a
+# person trying the kafka sink.
+#
+#   scripts/throwaway-kafka.sh install        # resolve the jars once (idempotent)
+#   scripts/throwaway-kafka.sh run [PORT]     # start; print the bootstrap address
+#                                             # when it answers; run until SIGINT/
+#                                             # SIGTERM, then stop and remove it
+#
+# `install` resolves Apache Kafka (tests/kafka/pom.xml) from Maven Central
+# with `mvn dependency:copy-dependencies` into $WALBRIDGE_KAFKA_HOME
+# (default /var/cache/walbridge/kafka-<version> as root, else
+# ~/.cache/walbridge/kafka-<version>). `run` formats a new cluster with a
+# random id in a temporary directory, starts it on PORT (default: a free
+# port) with its controller on another free port, waits until the broker
+# has started, prints `127.0.0.1:PORT` on stdout, and removes the
+# directory when it stops. The broker's own log goes to stderr.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+version=$(sed -n 's|.*<kafka.version>\(.*\)</kafka.version>.*|\1|p' "$here/tests/kafka/pom.xml")
+if [ "$(id -u)" = 0 ]; then default_cache=/var/cache/walbridge; else default_cache="${XDG_CACHE_HOME:-$HOME/.cache}/walbridge"; fi
+home="${WALBRIDGE_KAFKA_HOME:-$default_cache/kafka-$version}"
+
+install() {
+  if [ -f "$home/.complete" ]; then
+    return
+  fi
+  if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then
+    echo "throwaway-kafka: java and mvn are needed (apt-get install openjdk-17-jre-headless maven)" >&2
+    exit 2
+  fi
+  echo "throwaway-kafka: resolving Apache Kafka $version from Maven Central into $home" >&2
+  rm -rf "$home"
+  mkdir -p "$home"
+  mvn -q -B -f "$here/tests/kafka/pom.xml" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$home/libs" >&2
+  touch "$home/.complete"
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+run() {
+  install
+  local port=${1:-$(free_port)} controller_port work java_pid=
+  controller_port=$(free_port)
+  work=$(mktemp -d "${TMPDIR:-/tmp}/walbridge-kafka.XXXXXX")
+  stop() {
+    trap - EXIT INT TERM HUP
+    if [ -n "$java_pid" ]; then
+      kill -TERM "$java_pid" 2>/dev/null || true
+      # A controlled shutdown takes a few seconds; a throwaway broker need not wait.
+      for _ in $(seq 1 50); do kill -0 "$java_pid" 2>/dev/null || break; sleep 0.1; done
+      kill -KILL "$java_pid" 2>/dev/null || true
+      wait "$java_pid" 2>/dev/null || true
+    fi
+    rm -rf "$work"
+  }
+  trap stop EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  trap 'exit 129' HUP
+
+  cat > "$work/server.properties" <<PROPS
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$controller_port
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller_port
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$work/data
+num.partitions=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=true
+PROPS
+  cat > "$work/log4j2.properties" <<'LOG'
+status = error
+appender.err.type = Console
+appender.err.name = err
+appender.err.target = SYSTEM_ERR
+appender.err.layout.type = PatternLayout
+appender.err.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = warn
+rootLogger.appenderRef.err.ref = err
+logger.started.name = kafka.server.KafkaRaftServer
+logger.started.level = info
+LOG
+  local java_opts=(-Xms256m -Xmx1g -XX:+UseSerialGC -XX:TieredStopAtLevel=1
+    -Djava.awt.headless=true "-Dlog4j2.configurationFile=$work/log4j2.properties")
+  local cluster_id
+  cluster_id=$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
+  java "${java_opts[@]}" -cp "$home/libs/*" kafka.tools.StorageTool format \
+    -t "$cluster_id" -c "$work/server.properties" >/dev/null
+  java "${java_opts[@]}" -cp "$home/libs/*" kafka.Kafka "$work/server.properties" \
+    2> >(tee "$work/broker.log" >&2) &
+  java_pid=$!
+  for _ in $(seq 1 600); do
+    if grep -q "Kafka Server started" "$work/broker.log" 2>/dev/null; then
+      echo "127.0.0.1:$port"
+      wait "$java_pid"
+      echo "throwaway-kafka: the broker exited" >&2
+      exit 1
+    fi
+    kill -0 "$java_pid" 2>/dev/null || { echo "throwaway-kafka: the broker did not start" >&2; exit 1; }
+    sleep 0.1
+  done
+  echo "throwaway-kafka: the broker did not start within 60 s" >&2
+  exit 1
+}
+
+case "${1:-}" in
+  install) install ;;
+  run) shift; run "$@" ;;
+  *) echo "usage: $0 install | run [PORT]" >&2; exit 2 ;;
+esac
