@@ -334,3 +334,64 @@ fn stopping_while_a_sink_retries_is_a_clean_stop() {
     target.wait_for("SELECT count(*) FROM t", "20", WAIT);
     assert_eq!(running.stop(WAIT).code(), Some(0), "log:\n{}", wb.log());
 }
+
+#[test]
+fn long_work_says_how_far_it_has_come() {
+    let pg = Cluster::start();
+    publish(&pg);
+    pg.psql("INSERT INTO t SELECT g, repeat('x', 100) FROM generate_series(1, 100000) g");
+    let wb = Deployment::new();
+    let late = wb.path().join("late.jsonl");
+    let configure = |late_sink: bool| {
+        wb.configure(&pg, "postgres", "pub", "");
+        let config = std::fs::read_to_string(wb.config_path()).unwrap_or_default();
+        let extra = if late_sink {
+            format!(
+                "\n[[sink]]\nname = \"late\"\ntype = \"jsonl\"\npath = \"{}\"\n",
+                late.display()
+            )
+        } else {
+            String::new()
+        };
+        wb.write_config(&format!("progress_interval = \"1ms\"\n{config}{extra}"));
+    };
+    configure(false);
+    let running = wb.start();
+    wb.wait_for_lines(100_000, WAIT);
+    // The copy of the table said how far it had come before it finished.
+    let log = wb.log();
+    let copying = log.find("copying table: ");
+    let finished = log.find("snapshot of table finished");
+    assert!(
+        copying.is_some() && copying < finished,
+        "no progress before the end of the copy:\n{log}"
+    );
+    assert!(
+        log.contains("copying table: ") && log.contains("table=\"public\".\"t\""),
+        "{log}"
+    );
+    // 20,000 transactions more, then a new sink that starts with all of
+    // the log to read: it says it is catching up.
+    pg.psql(
+        "DO $$ BEGIN FOR i IN 100001..120000 LOOP INSERT INTO t VALUES (i, 'y'); COMMIT; END LOOP; END $$",
+    );
+    wb.wait_for_lines(120_000, WAIT);
+    assert_eq!(running.stop(WAIT).code(), Some(0), "log:\n{}", wb.log());
+    configure(true);
+    let running = wb.start();
+    let log = wb.wait_for_log("catching up: at record", WAIT);
+    let line = log
+        .lines()
+        .find(|l| l.contains("catching up: at record"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("sink=late") && line.contains("to go"),
+        "{line}"
+    );
+    let deadline = std::time::Instant::now() + WAIT;
+    while std::fs::read_to_string(&late).map_or(0, |t| t.lines().count()) < 120_000 {
+        assert!(std::time::Instant::now() < deadline, "log:\n{}", wb.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(running.stop(WAIT).code(), Some(0), "log:\n{}", wb.log());
+}

@@ -98,6 +98,15 @@ pub struct SourceConfig {
     /// alive. Off unless set; the messages are not passed downstream.
     #[serde(default)]
     pub heartbeat_interval: Option<u64>,
+    /// How often a table being copied logs how far it has come: the
+    /// configuration file's top-level `progress_interval`, not a source key.
+    #[serde(skip, default = "default_progress_interval")]
+    pub progress_interval: std::time::Duration,
+}
+
+/// The default of `progress_interval`.
+pub fn default_progress_interval() -> std::time::Duration {
+    std::time::Duration::from_secs(5)
 }
 
 impl SourceConfig {

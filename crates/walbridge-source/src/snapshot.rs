@@ -25,6 +25,7 @@ use tokio::sync::{Mutex, mpsc};
 use walbridge_core::{CopyText, EventBatch, Lsn, Relation, SnapshotBatch, SourceEvent};
 
 use crate::catalog::{CatalogError, PublishedTable, TypeCatalog, describe_table};
+use crate::config::SourceConfig;
 use crate::wire::{ConnParams, ConnectionError, connect_sql};
 use walbridge_pg::{quote_ident, quote_literal};
 
@@ -97,13 +98,10 @@ struct TableTally {
     next_report: AtomicU64,
 }
 
-/// How often a table being copied reports its progress.
-const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
-
 impl TableTally {
-    /// True when it is time to report progress (once per [`PROGRESS_EVERY`],
-    /// whichever of the table's chunks asks first).
-    fn report_due(&self) -> bool {
+    /// True when it is time to report progress (once per `every`, whichever
+    /// of the table's chunks asks first).
+    fn report_due(&self, every: std::time::Duration) -> bool {
         let now = self.started.elapsed().as_millis() as u64;
         let due = self.next_report.load(Ordering::Relaxed);
         now >= due
@@ -111,7 +109,7 @@ impl TableTally {
                 .next_report
                 .compare_exchange(
                     due,
-                    now + PROGRESS_EVERY.as_millis() as u64,
+                    now + every.as_millis() as u64,
                     Ordering::Relaxed,
                     Ordering::Relaxed,
                 )
@@ -119,23 +117,24 @@ impl TableTally {
     }
 }
 
-/// Copies `tables` as of `snapshot_name` with `workers` connections and
-/// sends their rows downstream as [`SourceEvent::Snapshot`] batches.
-#[allow(clippy::too_many_arguments)]
+/// Copies `tables` as of `snapshot_name` with the source's
+/// `snapshot_workers` connections (tables larger than `snapshot_chunk_size`
+/// in chunks) and sends their rows downstream as [`SourceEvent::Snapshot`]
+/// batches.
 pub async fn copy_tables(
     params: &ConnParams,
-    application_name: &str,
+    config: &SourceConfig,
     snapshot_name: &str,
     tables: Vec<PublishedTable>,
-    workers: usize,
-    chunk_bytes: u64,
     consistent_point: Lsn,
     events: &mpsc::Sender<EventBatch>,
     progress: &SnapshotProgress,
 ) -> Result<(), SnapshotError> {
+    let chunk_bytes = config.snapshot_chunk_size.0;
     let mut sessions = Vec::new();
-    for _ in 0..workers.max(1) {
-        let client = connect_sql(params, &format!("{application_name}_snapshot")).await?;
+    for _ in 0..config.snapshot_workers.max(1) {
+        let client =
+            connect_sql(params, &format!("{}_snapshot", config.application_name())).await?;
         client
             .batch_execute(&format!(
                 "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT {}",
@@ -196,7 +195,7 @@ pub async fn copy_tables(
             started: Instant::now(),
             // -1 (never analyzed) or 0 (empty, or never analyzed before 14): no estimate.
             estimate: (reltuples > 0).then_some(reltuples as u64),
-            next_report: AtomicU64::new(PROGRESS_EVERY.as_millis() as u64),
+            next_report: AtomicU64::new(config.progress_interval.as_millis() as u64),
         });
         for (i, range) in ranges.into_iter().enumerate() {
             let pages = range.map(|(s, e)| if i == last { (s, u64::MAX) } else { (s, e) });
@@ -215,7 +214,7 @@ pub async fn copy_tables(
             let Some(job) = queue.lock().await.pop_front() else {
                 return Ok(());
             };
-            copy_job(client, &job, consistent_point, events, progress).await?;
+            copy_job(client, &job, config, consistent_point, events, progress).await?;
         }
     });
     let results = futures_util::future::join_all(run).await;
@@ -288,6 +287,7 @@ fn copy_query(job: &TableJob) -> String {
 async fn copy_job(
     client: &tokio_postgres::Client,
     job: &TableJob,
+    config: &SourceConfig,
     consistent_point: Lsn,
     events: &mpsc::Sender<EventBatch>,
     progress: &SnapshotProgress,
@@ -343,7 +343,7 @@ async fn copy_job(
             send(pending.split_to(end + 1).freeze()).await?;
         }
         pending.extend_from_slice(&chunk);
-        if job.tally.report_due() {
+        if job.tally.report_due(config.progress_interval) {
             report_progress(&table, &job.tally);
         }
     }

@@ -571,11 +571,9 @@ impl Source {
         tracing::info!(source = %name, tables = tables.len(), workers = self.config.snapshot_workers, "initial copy starting");
         let copy = copy_tables(
             &self.params,
-            self.config.application_name(),
+            &self.config,
             &snapshot_name,
             tables,
-            self.config.snapshot_workers,
-            self.config.snapshot_chunk_size.0,
             created.consistent_point,
             events,
             &self.stats.snapshot,

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use serde::Deserialize;
+use walbridge_core::DurationText;
 use walbridge_source::SourceConfig;
 
 use crate::log_config::LogConfig;
@@ -33,6 +34,14 @@ pub struct Config {
     /// The schema registry walbridge serves (`[schema_registry]`).
     #[serde(default)]
     pub schema_registry: Option<RegistryServerConfig>,
+    /// How often long work logs how far it has come: each table being
+    /// copied, each sink catching up (default 5s).
+    #[serde(default = "default_progress_interval")]
+    pub progress_interval: DurationText,
+}
+
+fn default_progress_interval() -> DurationText {
+    DurationText(walbridge_source::config::default_progress_interval())
 }
 
 /// `[schema_registry]`: a Confluent-compatible schema registry served by
@@ -102,6 +111,9 @@ impl Config {
         let expanded = expand_env(text, env)?;
         let mut config: Config = toml::from_str(&expanded)
             .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+        for source in &mut config.sources {
+            source.progress_interval = config.progress_interval.0;
+        }
         if config.sinks.is_empty() {
             config
                 .sinks

@@ -45,9 +45,6 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 /// A sink run that lasted this long resets the backoff.
 const BACKOFF_RESET: Duration = Duration::from_secs(60);
 
-/// How often a sink that is behind its source's log says how far it has come.
-const PROGRESS_EVERY: Duration = Duration::from_secs(5);
-
 /// How long a stopping pipeline lets the sinks catch up with the logs.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -143,6 +140,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     sink_config.name().to_owned(),
                     inputs,
                     closing_rx.clone(),
+                    config.progress_interval.0,
                 )),
             ));
         }
@@ -431,6 +429,7 @@ async fn supervise(
     name: String,
     inputs: Vec<SinkInput>,
     closing: watch::Receiver<bool>,
+    progress_interval: Duration,
 ) -> anyhow::Result<()> {
     let mut next = Some(first);
     let mut backoff = FIRST_BACKOFF;
@@ -448,7 +447,7 @@ async fn supervise(
             }
         };
         let outcome = match sink {
-            Ok(sink) => run_sink(sink, &name, &inputs, closing.clone()).await,
+            Ok(sink) => run_sink(sink, &name, &inputs, closing.clone(), progress_interval).await,
             Err(e) => Err(SinkStop::Sink(e)),
         };
         let e = match outcome {
@@ -500,6 +499,7 @@ async fn run_sink(
     name: &str,
     inputs: &[SinkInput],
     closing: watch::Receiver<bool>,
+    progress_interval: Duration,
 ) -> Result<(), SinkStop> {
     let starts = start_positions(&mut sink, name, inputs).await?;
     let (tx, rx) = mpsc::channel::<Routed>(SINK_QUEUE);
@@ -519,7 +519,8 @@ async fn run_sink(
             queue: tx.clone(),
             closing: closing.clone(),
             abort: abort.clone(),
-            reported: (std::time::Instant::now(), false),
+            reported: (None, false),
+            progress_interval,
         };
         let handle = tokio::runtime::Handle::current();
         let thread = std::thread::Builder::new()
@@ -558,17 +559,21 @@ struct Feeder {
     closing: watch::Receiver<bool>,
     /// The sink stopped (or another feeder failed): stop now.
     abort: Arc<watch::Sender<bool>>,
-    /// When progress was last reported, and whether the sink was behind then.
-    reported: (std::time::Instant, bool),
+    /// When progress was last reported (never yet: `None`), and whether
+    /// the sink was behind then.
+    reported: (Option<std::time::Instant>, bool),
+    /// How often progress is reported.
+    progress_interval: Duration,
 }
 
 impl Feeder {
-    /// Every [`PROGRESS_EVERY`] while the sink is behind the log by more
-    /// than a steady stream keeps in flight: how far it has read; and once
-    /// when it has caught up.
+    /// How far the sink has read, when it is behind the log by more than a
+    /// steady stream keeps in flight: at its first hand-over (a sink that
+    /// starts with a backlog says so at once), then every
+    /// `progress_interval`; and once when it has caught up.
     fn report_progress(&mut self) {
         let (last, was_behind) = self.reported;
-        if last.elapsed() < PROGRESS_EVERY {
+        if last.is_some_and(|t| t.elapsed() < self.progress_interval) {
             return;
         }
         let next = self.reader.next_seq();
@@ -585,7 +590,7 @@ impl Feeder {
         } else if was_behind {
             tracing::info!(sink = %self.sink, source = %self.context.name, "caught up with the log");
         }
-        self.reported = (std::time::Instant::now(), catching_up);
+        self.reported = (Some(std::time::Instant::now()), catching_up);
     }
 
     fn run(mut self, runtime: &tokio::runtime::Handle) -> anyhow::Result<()> {
