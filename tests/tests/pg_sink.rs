@@ -32,13 +32,38 @@ impl Replication {
     /// Configures source `src` with `publications` and a postgres sink
     /// `replica` into the subscriber's `postgres` database with `sink_extra`.
     fn configure(&self, publications: &[&str], source_extra: &str, sink_extra: &str) {
+        self.configure_sink(
+            publications,
+            source_extra,
+            &self.subscriber.superuser(),
+            sink_extra,
+        );
+    }
+
+    /// As [`Replication::configure`] with publication `pub`, the sink
+    /// connecting to the subscriber as `role`.
+    fn configure_as(&self, role: &str, sink_extra: &str) {
+        self.configure_sink(
+            &["pub"],
+            "",
+            &self.subscriber.connstr(role, "postgres"),
+            sink_extra,
+        );
+    }
+
+    fn configure_sink(
+        &self,
+        publications: &[&str],
+        source_extra: &str,
+        connection: &str,
+        sink_extra: &str,
+    ) {
         self.wb.configure_sinks(
             &self.publisher.superuser(),
             publications,
             source_extra,
             &format!(
-                "[[sink]]\nname = \"replica\"\ntype = \"postgres\"\nconnection = \"{}\"\n{sink_extra}\n",
-                self.subscriber.superuser()
+                "[[sink]]\nname = \"replica\"\ntype = \"postgres\"\nconnection = \"{connection}\"\n{sink_extra}\n"
             ),
         );
     }
@@ -755,18 +780,7 @@ fn a_role_without_origins_uses_the_progress_table_and_check_reports_privileges()
     );
     p.psql("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 10) g");
     p.psql("CREATE PUBLICATION pub FOR TABLE t");
-    let configure = || {
-        r.wb.configure_sinks(
-            &p.superuser(),
-            &["pub"],
-            "",
-            &format!(
-                "[[sink]]\nname = \"replica\"\ntype = \"postgres\"\nconnection = \"{}\"\nprogress_table = \"bookkeeping.progress\"\n",
-                s.connstr("applier", "postgres")
-            ),
-        )
-    };
-    configure();
+    r.configure_as("applier", "progress_table = \"bookkeeping.progress\"");
     // Without the right to set session_replication_role, check says how to grant it.
     let (code, printed) = r.check();
     assert_eq!(code, Some(3), "{printed}");
@@ -1265,15 +1279,7 @@ fn the_readme_least_privilege_target_role_runs() {
     s.psql(&readme_target_role());
     p.psql("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 10) g");
     p.psql("CREATE PUBLICATION pub FOR TABLE t");
-    r.wb.configure_sinks(
-        &p.superuser(),
-        &["pub"],
-        "",
-        &format!(
-            "[[sink]]\nname = \"replica\"\ntype = \"postgres\"\nconnection = \"{}\"\nprogress_table = \"walbridge.progress\"\n",
-            s.connstr("replicator", "postgres")
-        ),
-    );
+    r.configure_as("replicator", "progress_table = \"walbridge.progress\"");
     let (code, printed) = r.check();
     assert_eq!(code, Some(0), "{printed}");
     let running = r.start();
@@ -1299,15 +1305,7 @@ fn check_finds_a_role_that_cannot_create_the_progress_table() {
          GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON t TO applier",
     );
     p.psql("CREATE PUBLICATION pub FOR TABLE t");
-    r.wb.configure_sinks(
-        &p.superuser(),
-        &["pub"],
-        "",
-        &format!(
-            "[[sink]]\nname = \"replica\"\ntype = \"postgres\"\nconnection = \"{}\"\n",
-            s.connstr("applier", "postgres")
-        ),
-    );
+    r.configure_as("applier", "");
     let (code, printed) = r.check();
     assert_eq!(code, Some(3), "{printed}");
     assert!(
