@@ -1,6 +1,9 @@
 //! Shared test data and workloads.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
+
+use serde_json::Value;
 
 use crate::Cluster;
 use crate::walbridge::{Deployment, Running};
@@ -78,6 +81,66 @@ pub fn transaction(i: u64) -> (String, u64) {
     }
     sql += "COMMIT;";
     (sql, changes)
+}
+
+/// Replays change events of the [`WORKLOAD_SCHEMA`] tables — Debezium
+/// envelopes (`op`, `before`, `after`, `source.table`) as the jsonl and
+/// kafka sinks write them — in the order given, and checks that the
+/// result is each table as `publisher` holds it now. A change applied
+/// twice or left out shows (updates increment a counter, deletes must
+/// find their row).
+pub fn assert_replays_to_publisher(publisher: &Cluster, events: &[&Value], context: &str) {
+    let columns = |table: &str| -> &'static [&'static str] {
+        match table {
+            "t" => &["id", "n", "pad"],
+            "g" => &["id"],
+            _ => &["id", "pad"],
+        }
+    };
+    let row_text = |image: &Value, columns: &[&str]| {
+        columns
+            .iter()
+            .map(|c| match &image[*c] {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("|")
+    };
+    let mut tables: BTreeMap<String, BTreeMap<i64, String>> = BTreeMap::new();
+    for event in events {
+        let table = event["source"]["table"].as_str().unwrap_or_default();
+        let rows = tables.entry(table.to_owned()).or_default();
+        match event["op"].as_str() {
+            Some("c" | "u" | "r") => {
+                let id = event["after"]["id"]
+                    .as_i64()
+                    .unwrap_or_else(|| panic!("{event}; {context}"));
+                rows.insert(id, row_text(&event["after"], columns(table)));
+            }
+            Some("d") => {
+                let id = event["before"]["id"]
+                    .as_i64()
+                    .unwrap_or_else(|| panic!("{event}; {context}"));
+                assert!(
+                    rows.remove(&id).is_some(),
+                    "delete of a missing row: {event}; {context}"
+                );
+            }
+            other => panic!("unexpected op {other:?}: {event}; {context}"),
+        }
+    }
+    for table in ["t", "g", "big"] {
+        let expected = publisher.psql(&format!(
+            "SELECT {} FROM {table} ORDER BY id",
+            columns(table).join(", ")
+        ));
+        let replayed: Vec<String> = tables
+            .get(table)
+            .map(|rows| rows.values().cloned().collect())
+            .unwrap_or_default();
+        assert_eq!(replayed.join("\n"), expected, "table {table} differs; {context}");
+    }
 }
 
 /// A small deterministic generator, so a failing run can be repeated from its seed.
