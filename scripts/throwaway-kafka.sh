@@ -7,6 +7,9 @@
 #   scripts/throwaway-kafka.sh run [PORT]     # start; print the bootstrap address
 #                                             # when it answers; run until SIGINT/
 #                                             # SIGTERM, then stop and remove it
+#   scripts/throwaway-kafka.sh run PORT DIR   # the same, its data in DIR, which is
+#                                             # kept: run again with DIR to start the
+#                                             # same broker again (a broker outage)
 #
 # `install` resolves Apache Kafka (tests/kafka/pom.xml) from Maven Central
 # with `mvn dependency:copy-dependencies` into $WALBRIDGE_KAFKA_HOME
@@ -45,9 +48,13 @@ free_port() {
 
 run() {
   install
-  local port=${1:-$(free_port)} controller_port work java_pid=
-  controller_port=$(free_port)
-  work=$(mktemp -d "${TMPDIR:-/tmp}/walbridge-kafka.XXXXXX")
+  local port=${1:-} keep=${2:-} controller_port work java_pid=
+  if [ -n "$keep" ]; then
+    work=$keep
+    mkdir -p "$work"
+  else
+    work=$(mktemp -d "${TMPDIR:-/tmp}/walbridge-kafka.XXXXXX")
+  fi
   stop() {
     trap - EXIT INT TERM HUP
     if [ -n "$java_pid" ]; then
@@ -57,14 +64,22 @@ run() {
       kill -KILL "$java_pid" 2>/dev/null || true
       wait "$java_pid" 2>/dev/null || true
     fi
-    rm -rf "$work"
+    [ -n "$keep" ] || rm -rf "$work"
   }
   trap stop EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
   trap 'exit 129' HUP
 
-  cat > "$work/server.properties" <<PROPS
+  local formatted=
+  if [ -f "$work/server.properties" ]; then
+    # The same broker again: its ports and its data.
+    formatted=yes
+    port=$(sed -n 's|^advertised.listeners=PLAINTEXT://127.0.0.1:\([0-9]*\)$|\1|p' "$work/server.properties")
+  else
+    port=${port:-$(free_port)}
+    controller_port=$(free_port)
+    cat > "$work/server.properties" <<PROPS
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$controller_port
@@ -85,7 +100,7 @@ share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=true
 PROPS
-  cat > "$work/log4j2.properties" <<'LOG'
+    cat > "$work/log4j2.properties" <<'LOG'
 status = error
 appender.err.type = Console
 appender.err.name = err
@@ -97,14 +112,18 @@ rootLogger.appenderRef.err.ref = err
 logger.started.name = kafka.server.KafkaRaftServer
 logger.started.level = info
 LOG
+  fi
   local java_opts=(-Xms256m -Xmx1g -XX:+UseSerialGC -XX:TieredStopAtLevel=1
     -Djava.awt.headless=true "-Dlog4j2.configurationFile=$work/log4j2.properties")
-  local cluster_id
-  cluster_id=$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
-  java "${java_opts[@]}" -cp "$home/libs/*" kafka.tools.StorageTool format \
-    -t "$cluster_id" -c "$work/server.properties" >/dev/null
+  if [ -z "$formatted" ]; then
+    local cluster_id
+    cluster_id=$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
+    java "${java_opts[@]}" -cp "$home/libs/*" kafka.tools.StorageTool format \
+      -t "$cluster_id" -c "$work/server.properties" >/dev/null
+  fi
+  : > "$work/broker.log"
   java "${java_opts[@]}" -cp "$home/libs/*" kafka.Kafka "$work/server.properties" \
-    2> >(tee "$work/broker.log" >&2) &
+    2> >(tee -a "$work/broker.log" >&2) &
   java_pid=$!
   for _ in $(seq 1 600); do
     if grep -q "Kafka Server started" "$work/broker.log" 2>/dev/null; then
@@ -123,5 +142,5 @@ LOG
 case "${1:-}" in
   install) install ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 install | run [PORT]" >&2; exit 2 ;;
+  *) echo "usage: $0 install | run [PORT [DIR]]" >&2; exit 2 ;;
 esac

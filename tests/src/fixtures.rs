@@ -139,7 +139,11 @@ pub fn assert_replays_to_publisher(publisher: &Cluster, events: &[&Value], conte
             .get(table)
             .map(|rows| rows.values().cloned().collect())
             .unwrap_or_default();
-        assert_eq!(replayed.join("\n"), expected, "table {table} differs; {context}");
+        assert_eq!(
+            replayed.join("\n"),
+            expected,
+            "table {table} differs; {context}"
+        );
     }
 }
 

@@ -41,6 +41,7 @@ pub struct Broker {
     child: Child,
     bootstrap: String,
     log: PathBuf,
+    /// Where the test keeps the broker's output (removed when dropped).
     _dir: tempfile::TempDir,
 }
 
@@ -50,7 +51,7 @@ impl Broker {
         let mut last = String::new();
         for _ in 0..3 {
             // Another process may take a port the script chose: try again.
-            match Self::spawn(None) {
+            match Self::spawn(None, None) {
                 Ok(broker) => return broker,
                 Err(log) => last = log,
             }
@@ -60,11 +61,19 @@ impl Broker {
 
     /// Starts a broker on `port`.
     pub fn start_on(port: u16) -> Broker {
-        Self::spawn(Some(port))
+        Self::spawn(Some(port), None)
             .unwrap_or_else(|log| panic!("the Kafka broker did not start:\n{log}"))
     }
 
-    fn spawn(port: Option<u16>) -> Result<Broker, String> {
+    /// Starts a broker whose data stays in `dir` when it stops: started
+    /// again with the same `dir`, it is the same broker (port, topics,
+    /// committed transactions) — a broker outage.
+    pub fn start_keeping(dir: &Path) -> Broker {
+        Self::spawn(None, Some(dir))
+            .unwrap_or_else(|log| panic!("the Kafka broker did not start:\n{log}"))
+    }
+
+    fn spawn(port: Option<u16>, keep: Option<&Path>) -> Result<Broker, String> {
         use std::io::BufRead;
         use std::os::unix::process::CommandExt;
         let dir = tempfile::Builder::new()
@@ -76,8 +85,9 @@ impl Broker {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/throwaway-kafka.sh");
         let mut command = Command::new("bash");
         command.arg(script).arg("run");
-        if let Some(port) = port {
-            command.arg(port.to_string());
+        command.arg(port.map(|p| p.to_string()).unwrap_or_default());
+        if let Some(keep) = keep {
+            command.arg(keep);
         }
         let mut child = command
             .stdin(Stdio::null())

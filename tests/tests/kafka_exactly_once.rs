@@ -90,7 +90,10 @@ fn killed_under_load(exactly_once: bool) -> (Cluster, Vec<Value>, u64, String) {
 /// `(table, LSN, op, key)`: one change.
 fn change_id(event: &Value) -> (String, u64, String, String) {
     (
-        event["source"]["table"].as_str().unwrap_or_default().to_owned(),
+        event["source"]["table"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
         event["source"]["lsn"].as_u64().unwrap_or_default(),
         event["op"].as_str().unwrap_or_default().to_owned(),
         format!("{}/{}", event["before"]["id"], event["after"]["id"]),

@@ -1,5 +1,5 @@
-//! The kafka sink against a real Kafka-protocol broker (tansu), read back
-//! with Python's confluent-kafka.
+//! The kafka sink against a real Apache Kafka broker
+//! (`scripts/throwaway-kafka.sh`), read back with Python's confluent-kafka.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -796,5 +796,91 @@ fn a_registry_behind_tls_and_basic_auth() {
         requests.contains(&"POST /subjects/secured.items-value/versions 200".to_owned())
             && requests.contains(&"POST /subjects/denied.items-value/versions 401".to_owned()),
         "{requests:#?}"
+    );
+}
+
+#[test]
+fn a_broker_outage_under_load_loses_nothing_and_holds_back_only_its_sink() {
+    let publisher = Cluster::start();
+    publisher.psql(
+        "CREATE TABLE t (id int PRIMARY KEY);
+         CREATE PUBLICATION pub FOR TABLE t;",
+    );
+    let kept = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let broker = Broker::start_keeping(kept.path());
+    let wb = Deployment::new();
+    wb.configure_sinks(
+        &publisher.superuser(),
+        &["pub"],
+        "",
+        &format!(
+            "[[sink]]\nname = \"events\"\ntype = \"kafka\"\nbrokers = \"{}\"\n\n[[sink]]\nname = \"out\"\ntype = \"jsonl\"\npath = \"{}\"\n",
+            broker.bootstrap(),
+            wb.output_path().display()
+        ),
+    );
+    let running = wb.start();
+    publisher.wait_for_streaming(WAIT);
+    // Load all along: a transaction every 20 ms for about 45 s.
+    let rows = 2000;
+    let outage = std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            publisher.psql(&format!(
+                "DO $$ BEGIN FOR i IN 1..{rows} LOOP INSERT INTO t VALUES (i); COMMIT; PERFORM pg_sleep(0.02); END LOOP; END $$"
+            ));
+        });
+        std::thread::sleep(Duration::from_secs(5));
+        // The broker stops for 30 s; the source and the jsonl sink go on.
+        drop(broker);
+        let before = wb.lines().len();
+        wait_for_log(&wb, "cannot reach the Kafka brokers");
+        std::thread::sleep(Duration::from_secs(30));
+        let during = wb.lines().len();
+        assert!(
+            during > before + 500,
+            "the jsonl sink stalled with the broker: {before} then {during} lines"
+        );
+        let broker = Broker::start_keeping(kept.path());
+        writer
+            .join()
+            .unwrap_or_else(|_| panic!("the writer panicked"));
+        broker
+    });
+    let messages = consume(
+        &outage.bootstrap(),
+        &ConsumeOptions {
+            topics: &["src.public.t"],
+            format: "json",
+            expect: rows,
+            timeout: WAIT,
+            registry: None,
+            read_committed: false,
+            schema_version: None,
+        },
+    );
+    assert!(running.stop(WAIT).success(), "log:\n{}", wb.log());
+    // Every row, in order; a row seen again is the same message re-sent.
+    let mut seen: BTreeMap<i64, &Consumed> = BTreeMap::new();
+    let mut last = 0;
+    for m in &messages {
+        let id = m.key["id"].as_i64().unwrap_or(-1);
+        if let Some(first) = seen.get(&id) {
+            assert_eq!(first.value["source"]["lsn"], m.value["source"]["lsn"]);
+            continue;
+        }
+        assert!(id > last, "row {id} after row {last}");
+        last = id;
+        seen.insert(id, m);
+    }
+    assert_eq!(seen.len(), rows);
+    assert_eq!(wb.lines().len(), rows);
+    // The outage is said once each way, as a warning, not as librdkafka's
+    // connection errors every few seconds.
+    let log = wb.log();
+    assert!(log.contains("answer again"), "{log}");
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("ERROR") && l.contains("Connection refused")),
+        "{log}"
     );
 }

@@ -18,12 +18,29 @@ use crate::registry::client::RegistryClient;
 /// How long the start-up check waits for the cluster's metadata.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Sends librdkafka's log lines and errors to `tracing`.
+/// Sends librdkafka's log lines and errors to `tracing`. Connection
+/// failures go to debug: librdkafka logs one per broker and retry, and the
+/// producer's [`Reachability`] says once, in the sink's words, that the
+/// brokers cannot be reached.
 pub struct TracingContext;
+
+/// librdkafka's codes for a connection that failed or a cluster that
+/// cannot be reached, which it retries by itself.
+fn is_connection_failure(error: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        error.rdkafka_error_code(),
+        Some(C::BrokerTransportFailure | C::AllBrokersDown | C::Resolve)
+    )
+}
 
 impl ClientContext for TracingContext {
     fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
         match level {
+            // "Connect to … failed": see `is_connection_failure`.
+            RDKafkaLogLevel::Error if facility == "FAIL" => {
+                tracing::debug!(target: "librdkafka", facility, "{message}")
+            }
             RDKafkaLogLevel::Emerg
             | RDKafkaLogLevel::Alert
             | RDKafkaLogLevel::Critical
@@ -43,8 +60,60 @@ impl ClientContext for TracingContext {
         if matches!(error, KafkaError::PartitionEOF(_)) {
             return;
         }
-        // Connection trouble is reported here while librdkafka retries.
-        tracing::warn!(target: "librdkafka", "{error}: {reason}");
+        if is_connection_failure(&error) {
+            tracing::debug!(target: "librdkafka", "{error}: {reason}");
+        } else {
+            tracing::warn!(target: "librdkafka", "{error}: {reason}");
+        }
+    }
+}
+
+/// Whether the producer reaches the brokers, said once when that changes:
+/// a warning when librdkafka finds every broker down (messages then wait
+/// in the producer, which keeps trying), and a line when a message is
+/// delivered again.
+pub struct Reachability {
+    sink: String,
+    brokers: String,
+    unreachable: std::sync::atomic::AtomicBool,
+}
+
+impl Reachability {
+    /// For sink `sink` writing to `brokers`.
+    pub fn new(sink: &str, brokers: &str) -> Self {
+        Reachability {
+            sink: sink.to_owned(),
+            brokers: brokers.to_owned(),
+            unreachable: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// librdkafka reported `error`.
+    pub fn error(&self, error: KafkaError, reason: &str) {
+        use rdkafka::types::RDKafkaErrorCode as C;
+        let all_down = error.rdkafka_error_code() == Some(C::AllBrokersDown);
+        if all_down
+            && !self
+                .unreachable
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(
+                sink = %self.sink,
+                "cannot reach the Kafka brokers {} ({reason}): messages wait in the producer, which keeps trying (a message still unsent after message.timeout.ms makes the sink retry from its stored position); the sources and the other sinks go on",
+                self.brokers
+            );
+        }
+        TracingContext.error(error, reason);
+    }
+
+    /// A message was delivered.
+    pub fn delivered(&self) {
+        if self
+            .unreachable
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::info!(sink = %self.sink, "the Kafka brokers {} answer again", self.brokers);
+        }
     }
 }
 

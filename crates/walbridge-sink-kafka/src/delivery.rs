@@ -151,10 +151,13 @@ pub struct Pending {
 }
 
 /// The producer's context: delivery reports go to the tracker, librdkafka's
-/// logs and errors to `tracing`.
+/// logs and errors to `tracing`, whether the brokers answer to the
+/// sink's log.
 pub struct DeliveryContext {
     /// Where deliveries are counted.
     pub tracker: Arc<Tracker>,
+    /// Says when the brokers stop and start answering.
+    pub reachability: crate::client::Reachability,
 }
 
 /// A key as text for error messages: JSON keys as they are, others as hex.
@@ -183,7 +186,7 @@ impl ClientContext for DeliveryContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        crate::client::TracingContext.error(error, reason);
+        self.reachability.error(error, reason);
     }
 }
 
@@ -192,7 +195,10 @@ impl ProducerContext for DeliveryContext {
 
     fn delivery(&self, result: &DeliveryResult<'_>, pending: Box<Pending>) {
         let failure = match result {
-            Ok(_) => None,
+            Ok(_) => {
+                self.reachability.delivered();
+                None
+            }
             Err((error, message)) => Some(SinkError::Delivery {
                 topic: message.topic().to_owned(),
                 table: pending.table.to_string(),

@@ -123,6 +123,7 @@ impl KafkaSink {
             &self.config,
             DeliveryContext {
                 tracker: tracker.clone(),
+                reachability: client::Reachability::new(&self.config.name, &self.config.brokers),
             },
         )?;
         let metadata_producer = producer.clone();
