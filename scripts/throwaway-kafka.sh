@@ -10,6 +10,11 @@
 #   scripts/throwaway-kafka.sh run PORT DIR   # the same, its data in DIR, which is
 #                                             # kept: run again with DIR to start the
 #                                             # same broker again (a broker outage)
+#   scripts/throwaway-kafka.sh run --sasl-ssl [PORT [DIR]]
+#                                             # clients must use SASL_SSL with
+#                                             # SCRAM-SHA-512; prints, after the
+#                                             # address, `ca=`, `username=` and
+#                                             # `password=` lines
 #
 # `install` resolves Apache Kafka (tests/kafka/pom.xml) from Maven Central
 # with `mvn dependency:copy-dependencies` into $WALBRIDGE_KAFKA_HOME
@@ -19,6 +24,13 @@
 # port) with its controller on another free port, waits until the broker
 # has started, prints `127.0.0.1:PORT` on stdout, and removes the
 # directory when it stops. The broker's own log goes to stderr.
+#
+# With --sasl-ssl the client listener takes only SASL_SSL: a certificate
+# for 127.0.0.1/localhost signed by a throwaway CA made for this broker
+# (`DIR/tls/ca.pem`, which clients must trust: verification stays on),
+# and SCRAM-SHA-512 with the user `walbridge`, created when the cluster is
+# formatted, its password $KAFKA_SCRAM_PASSWORD or a random one. The
+# broker talks to itself over a second, plaintext listener on loopback.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -46,9 +58,31 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
+# Makes the throwaway CA and the broker's certificate and key (PKCS#8 PEM,
+# as Kafka's PEM key store wants) in $1.
+make_certificates() {
+  local tls=$1
+  mkdir -p "$tls"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 7 -subj "/CN=walbridge throwaway Kafka CA" \
+    -keyout "$tls/ca.key" -out "$tls/ca.pem" 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" \
+    -keyout "$tls/broker.key" -out "$tls/broker.csr" 2>/dev/null
+  openssl x509 -req -days 7 -in "$tls/broker.csr" -CA "$tls/ca.pem" -CAkey "$tls/ca.key" -CAcreateserial \
+    -extfile <(printf 'subjectAltName=IP:127.0.0.1,DNS:localhost') -out "$tls/broker.pem" 2>/dev/null
+  openssl pkcs8 -topk8 -nocrypt -in "$tls/broker.key" -out "$tls/broker.p8"
+  cat "$tls/broker.p8" "$tls/broker.pem" > "$tls/keystore.pem"
+}
+
 run() {
   install
-  local port=${1:-} keep=${2:-} controller_port work java_pid=
+  local sasl_ssl=
+  if [ "${1:-}" = --sasl-ssl ]; then
+    sasl_ssl=yes
+    shift
+  fi
+  local port=${1:-} controller_port internal_port
+  # Global: the EXIT trap reads them after the function's scope is gone.
+  keep=${2:-} work= java_pid=
   if [ -n "$keep" ]; then
     work=$keep
     mkdir -p "$work"
@@ -75,19 +109,37 @@ run() {
   if [ -f "$work/server.properties" ]; then
     # The same broker again: its ports and its data.
     formatted=yes
-    port=$(sed -n 's|^advertised.listeners=PLAINTEXT://127.0.0.1:\([0-9]*\)$|\1|p' "$work/server.properties")
+    port=$(sed -n 's|^advertised.listeners=[A-Z_]*://127.0.0.1:\([0-9]*\).*$|\1|p' "$work/server.properties")
+    [ -f "$work/tls/ca.pem" ] && sasl_ssl=yes
   else
     port=${port:-$(free_port)}
     controller_port=$(free_port)
-    cat > "$work/server.properties" <<PROPS
+    if [ -n "$sasl_ssl" ]; then
+      internal_port=$(free_port)
+      make_certificates "$work/tls"
+      cat > "$work/server.properties" <<PROPS
+listeners=SASL_SSL://127.0.0.1:$port,INTERNAL://127.0.0.1:$internal_port,CONTROLLER://127.0.0.1:$controller_port
+advertised.listeners=SASL_SSL://127.0.0.1:$port,INTERNAL://127.0.0.1:$internal_port
+inter.broker.listener.name=INTERNAL
+listener.security.protocol.map=SASL_SSL:SASL_SSL,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT
+sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+ssl.keystore.type=PEM
+ssl.keystore.location=$work/tls/keystore.pem
+PROPS
+    else
+      cat > "$work/server.properties" <<PROPS
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller_port
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+PROPS
+    fi
+    cat >> "$work/server.properties" <<PROPS
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$controller_port
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller_port
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
 controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 log.dirs=$work/data
 num.partitions=1
 offsets.topic.replication.factor=1
@@ -116,10 +168,15 @@ LOG
   local java_opts=(-Xms256m -Xmx1g -XX:+UseSerialGC -XX:TieredStopAtLevel=1
     -Djava.awt.headless=true "-Dlog4j2.configurationFile=$work/log4j2.properties")
   if [ -z "$formatted" ]; then
-    local cluster_id
+    local cluster_id scram=()
     cluster_id=$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
+    if [ -n "$sasl_ssl" ]; then
+      python3 -c 'import secrets; print(secrets.token_urlsafe(18))' > "$work/tls/password"
+      [ -z "${KAFKA_SCRAM_PASSWORD:-}" ] || printf '%s\n' "$KAFKA_SCRAM_PASSWORD" > "$work/tls/password"
+      scram=(--add-scram "SCRAM-SHA-512=[name=walbridge,password=$(cat "$work/tls/password")]")
+    fi
     java "${java_opts[@]}" -cp "$home/libs/*" kafka.tools.StorageTool format \
-      -t "$cluster_id" -c "$work/server.properties" >/dev/null
+      "--cluster-id=$cluster_id" -c "$work/server.properties" "${scram[@]}" >/dev/null
   fi
   : > "$work/broker.log"
   java "${java_opts[@]}" -cp "$home/libs/*" kafka.Kafka "$work/server.properties" \
@@ -128,6 +185,11 @@ LOG
   for _ in $(seq 1 600); do
     if grep -q "Kafka Server started" "$work/broker.log" 2>/dev/null; then
       echo "127.0.0.1:$port"
+      if [ -n "$sasl_ssl" ]; then
+        echo "ca=$work/tls/ca.pem"
+        echo "username=walbridge"
+        echo "password=$(cat "$work/tls/password")"
+      fi
       wait "$java_pid"
       echo "throwaway-kafka: the broker exited" >&2
       exit 1
@@ -142,5 +204,5 @@ LOG
 case "${1:-}" in
   install) install ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 install | run [PORT [DIR]]" >&2; exit 2 ;;
+  *) echo "usage: $0 install | run [--sasl-ssl] [PORT [DIR]]" >&2; exit 2 ;;
 esac

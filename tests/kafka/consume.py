@@ -156,16 +156,20 @@ def main():
     parser.add_argument("--isolation", default="read_uncommitted")
     parser.add_argument("--registry")
     parser.add_argument("--schema-version", type=int)
+    # librdkafka properties for the connection (security.protocol, sasl.*, ssl.*).
+    parser.add_argument("--property", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
 
-    consumer = Consumer(
-        {
-            "bootstrap.servers": args.brokers,
-            "group.id": "walbridge-tests",
-            "enable.auto.commit": False,
-            "isolation.level": args.isolation,
-        }
-    )
+    settings = {
+        "bootstrap.servers": args.brokers,
+        "group.id": "walbridge-tests",
+        "enable.auto.commit": False,
+        "isolation.level": args.isolation,
+    }
+    for prop in args.property:
+        key, _, value = prop.partition("=")
+        settings[key] = value
+    consumer = Consumer(settings)
     deadline = time.monotonic() + args.timeout
     partitions = []
     for topic in args.topic:

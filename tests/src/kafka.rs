@@ -40,18 +40,56 @@ pub struct Broker {
     /// `scripts/throwaway-kafka.sh run`, leader of its own process group.
     child: Child,
     bootstrap: String,
+    /// For a SASL_SSL broker: the CA, the user and the password.
+    secured: Option<Secured>,
     log: PathBuf,
     /// Where the test keeps the broker's output (removed when dropped).
     _dir: tempfile::TempDir,
 }
 
+/// How clients reach a SASL_SSL broker.
+#[derive(Clone, Debug)]
+pub struct Secured {
+    /// The throwaway CA that signed the broker's certificate.
+    pub ca: PathBuf,
+    /// The SCRAM-SHA-512 user.
+    pub username: String,
+    /// Its password.
+    pub password: String,
+}
+
 impl Broker {
+    /// Starts a broker whose clients must use SASL_SSL with
+    /// SCRAM-SHA-512 and verify its certificate.
+    pub fn start_sasl_ssl() -> Broker {
+        Self::spawn(None, None, true)
+            .unwrap_or_else(|log| panic!("the Kafka broker did not start:\n{log}"))
+    }
+
+    /// The librdkafka properties a client needs (none for a plaintext
+    /// broker), with `password` instead of the right one when given.
+    pub fn client_properties(&self, password: Option<&str>) -> Vec<(String, String)> {
+        let Some(s) = &self.secured else {
+            return Vec::new();
+        };
+        [
+            ("security.protocol", "SASL_SSL".to_owned()),
+            ("sasl.mechanism", "SCRAM-SHA-512".to_owned()),
+            ("sasl.username", s.username.clone()),
+            ("sasl.password", password.unwrap_or(&s.password).to_owned()),
+            ("ssl.ca.location", s.ca.display().to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
+
     /// Starts a broker on a free port and waits until it has started.
     pub fn start() -> Broker {
         let mut last = String::new();
         for _ in 0..3 {
             // Another process may take a port the script chose: try again.
-            match Self::spawn(None, None) {
+            match Self::spawn(None, None, false) {
                 Ok(broker) => return broker,
                 Err(log) => last = log,
             }
@@ -61,7 +99,7 @@ impl Broker {
 
     /// Starts a broker on `port`.
     pub fn start_on(port: u16) -> Broker {
-        Self::spawn(Some(port), None)
+        Self::spawn(Some(port), None, false)
             .unwrap_or_else(|log| panic!("the Kafka broker did not start:\n{log}"))
     }
 
@@ -69,11 +107,11 @@ impl Broker {
     /// again with the same `dir`, it is the same broker (port, topics,
     /// committed transactions) — a broker outage.
     pub fn start_keeping(dir: &Path) -> Broker {
-        Self::spawn(None, Some(dir))
+        Self::spawn(None, Some(dir), false)
             .unwrap_or_else(|log| panic!("the Kafka broker did not start:\n{log}"))
     }
 
-    fn spawn(port: Option<u16>, keep: Option<&Path>) -> Result<Broker, String> {
+    fn spawn(port: Option<u16>, keep: Option<&Path>, sasl_ssl: bool) -> Result<Broker, String> {
         use std::io::BufRead;
         use std::os::unix::process::CommandExt;
         let dir = tempfile::Builder::new()
@@ -85,6 +123,9 @@ impl Broker {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/throwaway-kafka.sh");
         let mut command = Command::new("bash");
         command.arg(script).arg("run");
+        if sasl_ssl {
+            command.arg("--sasl-ssl");
+        }
         command.arg(port.map(|p| p.to_string()).unwrap_or_default());
         if let Some(keep) = keep {
             command.arg(keep);
@@ -96,15 +137,33 @@ impl Broker {
             .process_group(0)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run scripts/throwaway-kafka.sh: {e}"));
-        // The script prints the bootstrap address once the broker has started, or exits.
-        let mut line = String::new();
+        // The script prints the bootstrap address once the broker has
+        // started (then, for SASL_SSL, `ca=`, `username=`, `password=`), or exits.
+        let mut lines = Vec::new();
         if let Some(stdout) = child.stdout.take() {
-            let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+            let mut reader = std::io::BufReader::new(stdout);
+            for _ in 0..if sasl_ssl { 4 } else { 1 } {
+                let mut line = String::new();
+                let _ = reader.read_line(&mut line);
+                lines.push(line.trim().to_owned());
+            }
         }
-        let bootstrap = line.trim().to_owned();
+        let field = |name: &str| {
+            lines
+                .iter()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let secured = sasl_ssl.then(|| Secured {
+            ca: PathBuf::from(field("ca")),
+            username: field("username"),
+            password: field("password"),
+        });
         let broker = Broker {
             child,
-            bootstrap,
+            bootstrap: lines.first().cloned().unwrap_or_default(),
+            secured,
             log,
             _dir: dir,
         };
@@ -205,6 +264,9 @@ pub struct ConsumeOptions<'a> {
     /// Protobuf: make the message classes from this version of the
     /// subjects (else the latest), as a consumer built earlier would.
     pub schema_version: Option<u32>,
+    /// librdkafka connection properties (a secured broker's
+    /// [`Broker::client_properties`]).
+    pub properties: &'a [(String, String)],
 }
 
 /// What [`consume`] read.
@@ -244,6 +306,9 @@ pub fn consume_with_registry(bootstrap: &str, options: &ConsumeOptions<'_>) -> C
     }
     if let Some(version) = options.schema_version {
         command.args(["--schema-version", &version.to_string()]);
+    }
+    for (key, value) in options.properties {
+        command.arg("--property").arg(format!("{key}={value}"));
     }
     let output = command
         .stdin(Stdio::null())

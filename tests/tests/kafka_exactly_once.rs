@@ -70,6 +70,7 @@ fn killed_under_load(exactly_once: bool) -> (Cluster, Vec<Value>, u64, String) {
             registry: None,
             read_committed: exactly_once,
             schema_version: None,
+            properties: &[],
         },
     );
     let status = running.stop(WAIT);

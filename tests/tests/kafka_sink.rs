@@ -54,6 +54,7 @@ impl Pipeline {
                 registry: None,
                 read_committed: false,
                 schema_version: None,
+                properties: &[],
             },
         )
     }
@@ -438,6 +439,7 @@ fn an_unreachable_broker_holds_only_this_sink_back() {
             registry: None,
             read_committed: false,
             schema_version: None,
+            properties: &[],
         },
     );
     let ids: BTreeSet<i64> = messages
@@ -525,6 +527,7 @@ fn read_registered(
             registry: Some(registry),
             read_committed: false,
             schema_version,
+            properties: &[],
         },
     )
 }
@@ -781,6 +784,7 @@ fn a_registry_behind_tls_and_basic_auth() {
             registry: Some(&registry),
             read_committed: false,
             schema_version: None,
+            properties: &[],
         },
     );
     // Two keys may sit on two partitions: Kafka orders neither across them.
@@ -856,6 +860,7 @@ fn a_broker_outage_under_load_loses_nothing_and_holds_back_only_its_sink() {
             registry: None,
             read_committed: false,
             schema_version: None,
+            properties: &[],
         },
     );
     assert!(running.stop(WAIT).success(), "log:\n{}", wb.log());
@@ -883,4 +888,108 @@ fn a_broker_outage_under_load_loses_nothing_and_holds_back_only_its_sink() {
             .any(|l| l.contains("ERROR") && l.contains("Connection refused")),
         "{log}"
     );
+}
+
+#[test]
+fn a_sasl_ssl_broker_with_scram_and_a_verified_certificate() {
+    let publisher = Cluster::start();
+    publisher.psql(
+        "CREATE TABLE t (id int PRIMARY KEY);
+         CREATE PUBLICATION pub FOR TABLE t;",
+    );
+    let broker = Broker::start_sasl_ssl();
+    let wb = Deployment::new();
+    let configure = |properties: &[(String, String)]| {
+        let properties: String = properties
+            .iter()
+            .map(|(k, v)| format!("\"{k}\" = \"{v}\"\n"))
+            .collect();
+        wb.configure_sinks(
+            &publisher.superuser(),
+            &["pub"],
+            "",
+            &format!(
+                "[[sink]]\nname = \"events\"\ntype = \"kafka\"\nbrokers = \"{}\"\n[sink.kafka_properties]\n{properties}",
+                broker.bootstrap()
+            ),
+        );
+    };
+    let check_error = || {
+        let out = wb.command(&["check"]);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(3), "{err}");
+        let line = err
+            .lines()
+            .find(|l| l.starts_with("error: sink `events`"))
+            .unwrap_or_default()
+            .to_owned();
+        assert!(
+            line.contains(&format!(
+                "the Kafka brokers {} refuse walbridge",
+                broker.bootstrap()
+            )),
+            "{err}"
+        );
+        line
+    };
+
+    // A wrong password: one line naming the brokers and the mechanism.
+    configure(&broker.client_properties(Some("wrong")));
+    let line = check_error();
+    assert!(
+        line.contains("SCRAM-SHA-512") && line.contains("invalid credentials"),
+        "{line}"
+    );
+    // `run`: the sink stops for good instead of retrying, and says why.
+    let running = wb.start();
+    wait_for_log(&wb, "refuse walbridge");
+    let status = running.stop(WAIT);
+    assert_eq!(status.code(), Some(1), "{}", wb.log());
+    let log = wb.log();
+    let last = log.lines().last().unwrap_or_default();
+    assert!(last.contains("refuse walbridge"), "{last}");
+
+    // A CA that did not sign the broker's certificate: verification is on.
+    let mut untrusted = broker.client_properties(None);
+    for (key, value) in &mut untrusted {
+        if key == "ssl.ca.location" {
+            *value = "/etc/ssl/certs/ca-certificates.crt".to_owned();
+        }
+    }
+    configure(&untrusted);
+    let line = check_error();
+    assert!(line.contains("SSL handshake failed"), "{line}");
+
+    // The right settings: check passes and changes arrive.
+    let properties = broker.client_properties(None);
+    configure(&properties);
+    let out = wb.command(&["check"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let running = wb.start();
+    publisher.wait_for_streaming(WAIT);
+    publisher.psql("INSERT INTO t SELECT generate_series(1, 20)");
+    let messages = consume(
+        &broker.bootstrap(),
+        &ConsumeOptions {
+            topics: &["src.public.t"],
+            format: "json",
+            expect: 20,
+            timeout: WAIT,
+            registry: None,
+            read_committed: false,
+            schema_version: None,
+            properties: &properties,
+        },
+    );
+    let ids: BTreeSet<i64> = messages
+        .iter()
+        .filter_map(|m| m.value["after"]["id"].as_i64())
+        .collect();
+    assert_eq!(ids, (1..=20).collect());
+    assert!(running.stop(WAIT).success(), "{}", wb.log());
 }

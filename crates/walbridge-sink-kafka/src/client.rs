@@ -5,6 +5,7 @@ use std::time::Duration;
 use rdkafka::ClientContext;
 use rdkafka::admin::AdminClient;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::error::KafkaResult;
 use rdkafka::metadata::Metadata;
@@ -21,8 +22,19 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 /// Sends librdkafka's log lines and errors to `tracing`. Connection
 /// failures go to debug: librdkafka logs one per broker and retry, and the
 /// producer's [`Reachability`] says once, in the sink's words, that the
-/// brokers cannot be reached.
-pub struct TracingContext;
+/// brokers cannot be reached. A refusal (see [`Refusal`]) is noted for
+/// whoever waits on the client, and logged once.
+#[derive(Default)]
+pub struct TracingContext {
+    refusal: Refusal,
+}
+
+impl TracingContext {
+    /// Why the brokers refused this client, if they did.
+    pub fn refusal(&self) -> &Refusal {
+        &self.refusal
+    }
+}
 
 /// librdkafka's codes for a connection that failed or a cluster that
 /// cannot be reached, which it retries by itself.
@@ -34,12 +46,65 @@ fn is_connection_failure(error: &KafkaError) -> bool {
     )
 }
 
+/// Why the brokers refused a client, as librdkafka last reported it: SASL
+/// authentication failed (a wrong password, a mechanism the broker does
+/// not offer) or the TLS handshake did (a certificate not trusted).
+/// librdkafka retries these forever; the sink treats them as permanent.
+#[derive(Clone, Default)]
+pub struct Refusal(std::sync::Arc<std::sync::Mutex<Option<String>>>);
+
+impl Refusal {
+    /// Notes `error` if it is a refusal; true when it is one not noted before.
+    fn note(&self, error: &KafkaError, reason: &str) -> bool {
+        use rdkafka::types::RDKafkaErrorCode as C;
+        matches!(
+            error.rdkafka_error_code(),
+            Some(C::Authentication | C::SaslAuthenticationFailed | C::SSL)
+        ) && self.set(reason)
+    }
+
+    /// Notes a connection failure librdkafka logged (facility `FAIL`) if
+    /// it is a refusal; true when it is one not noted before. The log is
+    /// where a client that is not polled (a metadata request, the admin
+    /// client) hears of it: the error callback only runs when polled.
+    fn note_log(&self, message: &str) -> bool {
+        let Some(at) = ["SASL authentication error", "SSL handshake failed"]
+            .iter()
+            .find_map(|what| message.find(what))
+        else {
+            return false;
+        };
+        // Without the broker's address in front, and without the retry's
+        // timing behind, so that each retry's line is the same.
+        let reason = &message[at..];
+        let reason = reason.split(" (after ").next().unwrap_or(reason);
+        self.set(reason)
+    }
+
+    fn set(&self, reason: &str) -> bool {
+        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let new = last.as_deref() != Some(reason);
+        *last = Some(reason.to_owned());
+        new
+    }
+
+    /// The last refusal noted.
+    pub fn reason(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
 impl ClientContext for TracingContext {
     fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
         match level {
-            // "Connect to … failed": see `is_connection_failure`.
+            // "Connect to … failed": said by the sink itself (see
+            // `Reachability`); a refusal is said once.
             RDKafkaLogLevel::Error if facility == "FAIL" => {
-                tracing::debug!(target: "librdkafka", facility, "{message}")
+                if self.refusal.note_log(message) {
+                    tracing::warn!(target: "librdkafka", "{message}");
+                } else {
+                    tracing::debug!(target: "librdkafka", facility, "{message}");
+                }
             }
             RDKafkaLogLevel::Emerg
             | RDKafkaLogLevel::Alert
@@ -60,7 +125,11 @@ impl ClientContext for TracingContext {
         if matches!(error, KafkaError::PartitionEOF(_)) {
             return;
         }
-        if is_connection_failure(&error) {
+        let refused = self.refusal.note(&error, reason);
+        if refused {
+            tracing::warn!(target: "librdkafka", "{reason}");
+        } else if is_connection_failure(&error) || self.refusal.reason().as_deref() == Some(reason)
+        {
             tracing::debug!(target: "librdkafka", "{error}: {reason}");
         } else {
             tracing::warn!(target: "librdkafka", "{error}: {reason}");
@@ -76,6 +145,7 @@ pub struct Reachability {
     sink: String,
     brokers: String,
     unreachable: std::sync::atomic::AtomicBool,
+    logs: TracingContext,
 }
 
 impl Reachability {
@@ -85,7 +155,18 @@ impl Reachability {
             sink: sink.to_owned(),
             brokers: brokers.to_owned(),
             unreachable: std::sync::atomic::AtomicBool::new(false),
+            logs: TracingContext::default(),
         }
+    }
+
+    /// Why the brokers refused the producer, if they did.
+    pub fn refusal(&self) -> &Refusal {
+        self.logs.refusal()
+    }
+
+    /// librdkafka logged a line.
+    pub fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        self.logs.log(level, facility, message);
     }
 
     /// librdkafka reported `error`.
@@ -103,7 +184,7 @@ impl Reachability {
                 self.brokers
             );
         }
-        TracingContext.error(error, reason);
+        self.logs.error(error, reason);
     }
 
     /// A message was delivered.
@@ -140,20 +221,25 @@ pub fn producer(
 
 /// The admin client that creates topics.
 pub fn admin(config: &KafkaSinkConfig) -> Result<AdminClient<TracingContext>, SinkError> {
+    connection_config(config)
+        .create_with_context(TracingContext::default())
+        .map_err(|source| SinkError::Client {
+            client: "admin client",
+            source,
+        })
+}
+
+/// The configuration of a client that is not the producer: only the
+/// connection properties matter to it (producer properties would make
+/// librdkafka warn about each of them).
+pub(crate) fn connection_config(config: &KafkaSinkConfig) -> ClientConfig {
     let mut client = ClientConfig::new();
-    // Only the connection properties matter to the admin client; producer
-    // properties would make librdkafka warn about each of them.
     for (key, value) in config.client_properties() {
         if is_connection_property(&key) {
             client.set(key, value);
         }
     }
     client
-        .create_with_context(TracingContext)
-        .map_err(|source| SinkError::Client {
-            client: "admin client",
-            source,
-        })
 }
 
 /// Properties of any client (not only producers): where and how to connect.
@@ -178,27 +264,49 @@ pub(crate) fn is_connection_property(key: &str) -> bool {
 impl rdkafka::consumer::ConsumerContext for TracingContext {}
 
 /// Fails unless the cluster answers a metadata request: the start-up
-/// health check (an unreachable cluster is retried by the runtime).
-/// Returns the number of brokers in the cluster.
+/// health check (an unreachable cluster is retried by the runtime; one
+/// that refuses the client, as `refusal` tells, is a permanent error).
+/// `fetch_metadata` is asked again, a second at a time, until a refusal
+/// is noted or [`METADATA_TIMEOUT`] passes; `poll` lets a client that has
+/// no thread of its own hand librdkafka's errors and logs to its context
+/// in between. Returns the number of brokers in the cluster.
 pub async fn check_reachable(
-    fetch_metadata: impl FnOnce(Duration) -> KafkaResult<Metadata> + Send + 'static,
+    fetch_metadata: impl Fn(Duration) -> KafkaResult<Metadata> + Send + 'static,
+    poll: impl Fn() + Send + 'static,
+    refusal: &Refusal,
     brokers: &str,
 ) -> Result<usize, SinkError> {
+    let noted = refusal.clone();
     let result = tokio::task::spawn_blocking(move || {
-        fetch_metadata(METADATA_TIMEOUT).map(|m| m.brokers().len())
+        let deadline = std::time::Instant::now() + METADATA_TIMEOUT;
+        loop {
+            match fetch_metadata(Duration::from_secs(1)) {
+                Ok(metadata) => return Ok(metadata.brokers().len()),
+                Err(e) => {
+                    poll();
+                    if noted.reason().is_some() || std::time::Instant::now() >= deadline {
+                        return Err(e);
+                    }
+                }
+            }
+        }
     })
     .await;
-    match result {
-        Ok(Ok(brokers_seen)) => Ok(brokers_seen),
-        Ok(Err(e)) => Err(SinkError::Unreachable {
+    let reason = match result {
+        Ok(Ok(brokers_seen)) => return Ok(brokers_seen),
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => format!("the metadata request did not finish: {e}"),
+    };
+    Err(match refusal.reason() {
+        Some(reason) => SinkError::Refused {
             brokers: brokers.to_owned(),
-            reason: e.to_string(),
-        }),
-        Err(e) => Err(SinkError::Unreachable {
+            reason,
+        },
+        None => SinkError::Unreachable {
             brokers: brokers.to_owned(),
-            reason: format!("the metadata request did not finish: {e}"),
-        }),
-    }
+            reason,
+        },
+    })
 }
 
 /// `walbridge check`: the configuration is usable, the cluster answers,
@@ -213,9 +321,24 @@ pub async fn health_check(
     if !problems.is_empty() {
         return Err(SinkError::Config(problems.join("; ")));
     }
-    let admin = admin(config)?;
+    // A consumer, which can be polled for what librdkafka reports while
+    // it connects (an admin client cannot).
+    let probe: std::sync::Arc<BaseConsumer<TracingContext>> = std::sync::Arc::new(
+        connection_config(config)
+            .create_with_context(TracingContext::default())
+            .map_err(|source| SinkError::Client {
+                client: "consumer",
+                source,
+            })?,
+    );
+    let refusal = probe.context().refusal().clone();
+    let polled = probe.clone();
     let brokers = check_reachable(
-        move |timeout| admin.inner().fetch_metadata(None, timeout),
+        move |timeout| probe.fetch_metadata(None, timeout),
+        move || {
+            let _ = polled.poll(Duration::ZERO);
+        },
+        &refusal,
         &config.brokers,
     )
     .await?;

@@ -182,7 +182,7 @@ pub fn show_key(key: Option<&[u8]>) -> String {
 
 impl ClientContext for DeliveryContext {
     fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
-        crate::client::TracingContext.log(level, facility, message);
+        self.reachability.log(level, facility, message);
     }
 
     fn error(&self, error: KafkaError, reason: &str) {

@@ -27,6 +27,17 @@ pub enum SinkError {
         /// What failed.
         reason: String,
     },
+    /// The brokers refused the client: SASL authentication or the TLS
+    /// handshake failed. Retrying cannot help.
+    #[error(
+        "the Kafka brokers {brokers} refuse walbridge: {reason}: check security.protocol, sasl.mechanism, sasl.username, sasl.password and ssl.ca.location in [sink.kafka_properties]"
+    )]
+    Refused {
+        /// The bootstrap servers.
+        brokers: String,
+        /// What librdkafka reported.
+        reason: String,
+    },
     /// A topic could not be created.
     #[error(
         "cannot create topic `{topic}`: {reason} (create it yourself and set `topic_creation.enabled = false`, or grant the sink's principal CREATE on the cluster)"
@@ -74,7 +85,10 @@ impl SinkError {
     /// fixed (sources and other sinks go on).
     pub fn is_permanent(&self) -> bool {
         match self {
-            SinkError::Config(_) | SinkError::Client { .. } | SinkError::Encode { .. } => true,
+            SinkError::Config(_)
+            | SinkError::Client { .. }
+            | SinkError::Encode { .. }
+            | SinkError::Refused { .. } => true,
             SinkError::Unreachable { .. } | SinkError::Cursor(_) => false,
             SinkError::Registry(e) => e.is_permanent(),
             SinkError::TopicCreation { code, .. } | SinkError::Delivery { code, .. } => {

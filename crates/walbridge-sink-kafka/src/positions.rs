@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use walbridge_log::CursorPosition;
 
@@ -40,19 +40,14 @@ pub fn record_key(sink: &str, source: &str) -> String {
 /// Reads the positions topic to its end (committed records only) and
 /// returns this sink's last position per source.
 pub fn recover(config: &KafkaSinkConfig) -> Result<BTreeMap<String, CursorPosition>, SinkError> {
-    let mut client = ClientConfig::new();
-    for (key, value) in config.client_properties() {
-        if crate::client::is_connection_property(&key) {
-            client.set(key, value);
-        }
-    }
+    let mut client = crate::client::connection_config(config);
     client
         .set("group.id", format!("walbridge-{}-recovery", config.name))
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
         .set("isolation.level", "read_committed");
     let consumer: BaseConsumer<TracingContext> = client
-        .create_with_context(TracingContext)
+        .create_with_context(TracingContext::default())
         .map_err(|source| SinkError::Client {
             client: "positions consumer",
             source,

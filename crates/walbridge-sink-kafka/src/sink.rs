@@ -127,8 +127,12 @@ impl KafkaSink {
             },
         )?;
         let metadata_producer = producer.clone();
+        let refusal = producer.context().reachability.refusal().clone();
         let brokers = client::check_reachable(
             move |timeout| metadata_producer.client().fetch_metadata(None, timeout),
+            // The threaded producer polls on a thread of its own.
+            || {},
+            &refusal,
             &self.config.brokers,
         )
         .await?;
