@@ -3,7 +3,9 @@
 # only when missing (safe to rerun):
 #
 # * a real broker: Apache Kafka, its jars resolved from Maven Central once
-#   by scripts/throwaway-kafka.sh (Java and Maven installed when missing);
+#   by scripts/throwaway-kafka.sh (Java and Maven installed when missing),
+#   and what tests/kafka/connect-check needs (Kafka Connect's JsonConverter,
+#   Debezium's PostgreSQL connector for ExtractNewRecordState);
 # * third-party consumers: a Python virtualenv with confluent-kafka (the
 #   official librdkafka client, its Avro/Protobuf deserializers and schema
 #   registry client) in $WALBRIDGE_KAFKA_VENV, with grpcio-tools, whose
@@ -25,6 +27,9 @@ if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then
   machine_apt_install openjdk-17-jre-headless maven
 fi
 "$here/throwaway-kafka.sh" install
+# Kafka Connect's JsonConverter and Debezium's ExtractNewRecordState for the
+# check that Debezium's tooling reads our topics (built by the tests).
+mvn -q -B -f "$here/../tests/kafka/connect-check/pom.xml" dependency:resolve dependency:resolve-plugins >/dev/null
 
 if ! "$venv/bin/python" -c "import confluent_kafka, grpc_tools, sys; sys.exit(confluent_kafka.__version__ != '$confluent_kafka_version')" 2>/dev/null; then
   echo "kafka-test-env: installing confluent-kafka $confluent_kafka_version into $venv"

@@ -993,3 +993,158 @@ fn a_sasl_ssl_broker_with_scram_and_a_verified_certificate() {
     assert_eq!(ids, (1..=20).collect());
     assert!(running.stop(WAIT).success(), "{}", wb.log());
 }
+
+#[test]
+fn kafka_connect_and_debezium_read_our_topics_unchanged() {
+    let p = Pipeline::new(
+        "CREATE TABLE kinds (id int PRIMARY KEY, small int2, big int8, flag bool, ratio float8,
+                             note text, at timestamptz, data jsonb, raw bytea, tags text[]);
+         INSERT INTO kinds VALUES (1, 1, 10000000000, true, 0.5, 'copied', '2024-05-06 07:08:09+00',
+                                  '{\"k\": 1}', '\\x0102', '{a,b}');
+         CREATE PUBLICATION pub FOR TABLE kinds;",
+    );
+    p.configure("json_schemas = true\n", "");
+    let _running = p.wb.start();
+    p.read(&["src.public.kinds"], 1);
+    p.publisher.psql(
+        "SET timezone = 'UTC';
+         INSERT INTO kinds VALUES (2, -2, -20, false, 1.25, 'new', '2025-01-02 03:04:05.5+00',
+                                  '[1, 2]', '\\xff', '{}');
+         UPDATE kinds SET note = 'changed', small = NULL WHERE id = 1;
+         INSERT INTO kinds (id) VALUES (3);
+         DELETE FROM kinds WHERE id = 3;",
+    );
+    // Snapshot, insert, update, insert, delete and its tombstone.
+    let messages = p.read(&["src.public.kinds"], 6);
+    let input: Vec<(String, Value, Value)> = messages
+        .iter()
+        .map(|m| (m.topic.clone(), m.key.clone(), m.value.clone()))
+        .collect();
+    let records = walbridge_tests::connect::read_with_connect(&input)
+        .unwrap_or_else(|e| panic!("Connect and Debezium refused our messages: {e}"));
+    assert_eq!(records.len(), messages.len());
+
+    // The flattened rows, replayed: the table as the publisher has it.
+    let mut rows: BTreeMap<i64, Value> = BTreeMap::new();
+    for record in &records {
+        let id = record["key"]["payload"]["id"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("{record}"));
+        match &record["value"] {
+            Value::Null => {
+                rows.remove(&id);
+            }
+            value => {
+                rows.insert(id, value.clone());
+            }
+        }
+    }
+    assert_eq!(rows.keys().copied().collect::<Vec<_>>(), [1, 2]);
+    let one = &rows[&1]["payload"];
+    assert_eq!(
+        (
+            &one["id"],
+            &one["small"],
+            &one["big"],
+            &one["flag"],
+            &one["note"],
+            &one["__op"]
+        ),
+        (
+            &json!(1),
+            &Value::Null,
+            &json!(10_000_000_000_i64),
+            &json!(true),
+            &json!("changed"),
+            &json!("u")
+        ),
+        "{one}"
+    );
+    let two = &rows[&2]["payload"];
+    assert_eq!(
+        (
+            &two["small"],
+            &two["big"],
+            &two["ratio"],
+            &two["at"],
+            &two["data"],
+            &two["raw"],
+            &two["tags"]
+        ),
+        (
+            &json!(-2),
+            &json!(-20),
+            &json!(1.25),
+            &json!("2025-01-02T03:04:05.5Z"),
+            &json!("[1, 2]"),
+            &json!("/w=="),
+            &json!([])
+        ),
+        "{two}"
+    );
+    assert_eq!(two["__table"], "kinds");
+    assert!(two["__lsn"].as_i64().is_some_and(|l| l > 0), "{two}");
+    // The row's Connect schema: the table's columns with their types.
+    let schema = &rows[&2]["schema"];
+    let types: Vec<(String, String)> = schema["fields"]
+        .as_array()
+        .map(|fields| {
+            fields
+                .iter()
+                .map(|f| {
+                    (
+                        f["field"].as_str().unwrap_or_default().to_owned(),
+                        f["name"]
+                            .as_str()
+                            .or(f["type"].as_str())
+                            .unwrap_or_default()
+                            .to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let expected = [
+        ("id", "int32"),
+        ("small", "int16"),
+        ("big", "int64"),
+        ("flag", "boolean"),
+        ("ratio", "double"),
+        ("note", "string"),
+        ("at", "io.debezium.time.ZonedTimestamp"),
+        ("data", "io.debezium.data.Json"),
+        ("raw", "bytes"),
+        ("tags", "array"),
+        ("__op", "string"),
+        ("__table", "string"),
+        ("__lsn", "int64"),
+    ];
+    assert_eq!(
+        types,
+        expected
+            .iter()
+            .map(|(f, t)| (f.to_string(), t.to_string()))
+            .collect::<Vec<_>>(),
+        "{schema}"
+    );
+
+    // The check is a real one: a wrong envelope is refused.
+    let mut broken = input.clone();
+    broken[1].2["schema"]["name"] = json!("src.public.kinds.Value");
+    let refused = walbridge_tests::connect::read_with_connect(&broken).err();
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|e| e.contains("not *.Envelope")),
+        "{refused:?}"
+    );
+    let mut broken = input;
+    broken[1].2["payload"]["after"]["id"] = json!("one");
+    let refused = walbridge_tests::connect::read_with_connect(&broken).err();
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|e| e.contains("does not match its schema")),
+        "{refused:?}"
+    );
+}
