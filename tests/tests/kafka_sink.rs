@@ -949,6 +949,20 @@ fn a_sasl_ssl_broker_with_scram_and_a_verified_certificate() {
     let last = log.lines().last().unwrap_or_default();
     assert!(last.contains("refuse walbridge"), "{last}");
 
+    // A mechanism the broker does not offer.
+    let mut plain = broker.client_properties(None);
+    for (key, value) in &mut plain {
+        if key == "sasl.mechanism" {
+            *value = "PLAIN".to_owned();
+        }
+    }
+    configure(&plain);
+    let line = check_error();
+    assert!(
+        line.contains("PLAIN") && line.contains("SCRAM-SHA-512"),
+        "{line}"
+    );
+
     // A CA that did not sign the broker's certificate: verification is on.
     let mut untrusted = broker.client_properties(None);
     for (key, value) in &mut untrusted {
