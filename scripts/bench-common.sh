@@ -23,8 +23,13 @@ build_walbridge() {
   bin="${WALBRIDGE_BIN:-$here/target/release/walbridge}"
 }
 
+# CPU seconds (user + system) process $1 has used so far.
+cpu_seconds() {
+  awk -v tick="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / tick }' "/proc/$1/stat"
+}
+
 # Runs walbridge on an existing slot until it has confirmed $2; prints the
-# seconds taken and walbridge's peak RSS in kB.
+# seconds taken, walbridge's peak RSS in kB and its CPU seconds.
 # Args: slot end_lsn database publication output_path [sink_sections]
 # (sink_sections replaces the jsonl sink writing to output_path).
 walbridge_until() {
@@ -58,6 +63,7 @@ CONF
   done
   local finish; finish=$(date +%s.%N)
   local rss; rss=$(awk '/VmHWM/ {print $2}' "/proc/$wb_pid/status")
+  local cpu; cpu=$(cpu_seconds "$wb_pid")
   kill -TERM "$wb_pid"; wait "$wb_pid" || true; wb_pid=
-  python3 -c "print(f'{$finish - $start:.3f} $rss')"
+  python3 -c "print(f'{$finish - $start:.3f} $rss $cpu')"
 }

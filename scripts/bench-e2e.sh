@@ -35,7 +35,7 @@ pg_recvlogical -h 127.0.0.1 -p "$port" -U postgres -d bench -S recv_slot --start
 recv=$(python3 -c "print(f'{$(date +%s.%N) - $start:.3f}')")
 
 output=${OUTPUT:-/dev/null}
-read -r wb peak_rss_kb < <(walbridge_until wb_slot "$end" bench bench_pub "$output")
+read -r wb peak_rss_kb _ < <(walbridge_until wb_slot "$end" bench bench_pub "$output")
 if [ "$output" != /dev/null ]; then
   echo "walbridge wrote $(wc -l < "$output") lines (4 changes per transaction expected)"
   rm -f "$output"
@@ -43,7 +43,7 @@ fi
 base=0 base_rss_kb=0
 if [ -n "${BASELINE_BIN:-}" ]; then
   main_bin=$bin bin=$BASELINE_BIN
-  read -r base base_rss_kb < <(walbridge_until base_slot "$end" bench bench_pub "$output")
+  read -r base base_rss_kb _ < <(walbridge_until base_slot "$end" bench bench_pub "$output")
   bin=$main_bin
   [ "$output" != /dev/null ] && rm -f "$output"
 fi

@@ -13,7 +13,7 @@ psql_db postgres -c "CREATE PUBLICATION big_pub FOR TABLE big" >/dev/null
 psql_db postgres -c "SELECT pg_create_logical_replication_slot('big_slot', 'pgoutput')" >/dev/null
 psql_db postgres -c "INSERT INTO big SELECT g, md5(g::text) FROM generate_series(1, $rows) g" >/dev/null
 end=$(psql_db postgres -c "SELECT pg_current_wal_lsn()")
-read -r seconds peak_rss_kb < <(walbridge_until big_slot "$end" postgres big_pub "$work/out.jsonl")
+read -r seconds peak_rss_kb _ < <(walbridge_until big_slot "$end" postgres big_pub "$work/out.jsonl")
 lines=$(wc -l < "$work/out.jsonl")
 echo "rows: $rows, lines written: $lines, time: ${seconds}s, peak RSS: $((peak_rss_kb / 1024)) MB"
 [ "$lines" = "$rows" ] || { echo "bench-large-txn: expected $rows lines" >&2; exit 1; }
