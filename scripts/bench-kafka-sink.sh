@@ -132,17 +132,7 @@ plugin.name=pgoutput
 publication.autocreate.mode=disabled
 $connector
 PROPS
-  cat > "$dir/log4j2.properties" <<'LOG'
-status = error
-appender.err.type = Console
-appender.err.name = err
-appender.err.target = SYSTEM_ERR
-appender.err.layout.type = PatternLayout
-appender.err.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = warn
-rootLogger.appenderRef.err.ref = err
-LOG
-  java -Xms256m -Xmx2g "-Dlog4j2.configurationFile=$dir/log4j2.properties" -cp "$connect_libs/*" \
+  java -Xms256m -Xmx2g "-Dlog4j2.configurationFile=$here/tests/kafka/log4j2.properties" -cp "$connect_libs/*" \
     org.apache.kafka.connect.cli.ConnectStandalone "$dir/worker.properties" "$dir/connector.properties" \
     2> "$dir/connect.log" &
   connect_pid=$!
