@@ -13,8 +13,9 @@
 #   scripts/throwaway-kafka.sh run --sasl-ssl [PORT [DIR]]
 #                                             # clients must use SASL_SSL with
 #                                             # SCRAM-SHA-512; prints, after the
-#                                             # address, `ca=`, `username=` and
-#                                             # `password=` lines
+#                                             # address, `ca=`, `username=`,
+#                                             # `password=` and `admin_password=`
+#                                             # lines
 #
 # `install` resolves Apache Kafka (tests/kafka/pom.xml) from Maven Central
 # with `mvn dependency:copy-dependencies` into $WALBRIDGE_KAFKA_HOME
@@ -29,7 +30,10 @@
 # for 127.0.0.1/localhost signed by a throwaway CA made for this broker
 # (`DIR/tls/ca.pem`, which clients must trust: verification stays on),
 # and SCRAM-SHA-512 with the user `walbridge`, created when the cluster is
-# formatted, its password $KAFKA_SCRAM_PASSWORD or a random one. The
+# formatted, its password $KAFKA_SCRAM_PASSWORD or a random one. ACLs
+# are enforced (KRaft's StandardAuthorizer) but allow what no ACL names,
+# so the user may do anything until an ACL says otherwise; the user
+# `admin` (a random password) is a super user who can set them. The
 # broker talks to itself over a second, plaintext listener on loopback.
 set -euo pipefail
 
@@ -126,6 +130,9 @@ sasl.enabled.mechanisms=SCRAM-SHA-512
 listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
 ssl.keystore.type=PEM
 ssl.keystore.location=$work/tls/keystore.pem
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=true
+super.users=User:admin;User:ANONYMOUS
 PROPS
     else
       cat > "$work/server.properties" <<PROPS
@@ -152,28 +159,18 @@ share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=true
 PROPS
-    cat > "$work/log4j2.properties" <<'LOG'
-status = error
-appender.err.type = Console
-appender.err.name = err
-appender.err.target = SYSTEM_ERR
-appender.err.layout.type = PatternLayout
-appender.err.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = warn
-rootLogger.appenderRef.err.ref = err
-logger.started.name = kafka.server.KafkaRaftServer
-logger.started.level = info
-LOG
   fi
   local java_opts=(-Xms256m -Xmx1g -XX:+UseSerialGC -XX:TieredStopAtLevel=1
-    -Djava.awt.headless=true "-Dlog4j2.configurationFile=$work/log4j2.properties")
+    -Djava.awt.headless=true "-Dlog4j2.configurationFile=$here/tests/kafka/log4j2.properties")
   if [ -z "$formatted" ]; then
     local cluster_id scram=()
     cluster_id=$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
     if [ -n "$sasl_ssl" ]; then
       python3 -c 'import secrets; print(secrets.token_urlsafe(18))' > "$work/tls/password"
       [ -z "${KAFKA_SCRAM_PASSWORD:-}" ] || printf '%s\n' "$KAFKA_SCRAM_PASSWORD" > "$work/tls/password"
-      scram=(--add-scram "SCRAM-SHA-512=[name=walbridge,password=$(cat "$work/tls/password")]")
+      python3 -c 'import secrets; print(secrets.token_urlsafe(18))' > "$work/tls/admin_password"
+      scram=(--add-scram "SCRAM-SHA-512=[name=walbridge,password=$(cat "$work/tls/password")]"
+        --add-scram "SCRAM-SHA-512=[name=admin,password=$(cat "$work/tls/admin_password")]")
     fi
     java "${java_opts[@]}" -cp "$home/libs/*" kafka.tools.StorageTool format \
       "--cluster-id=$cluster_id" -c "$work/server.properties" "${scram[@]}" >/dev/null
@@ -189,6 +186,7 @@ LOG
         echo "ca=$work/tls/ca.pem"
         echo "username=walbridge"
         echo "password=$(cat "$work/tls/password")"
+        echo "admin_password=$(cat "$work/tls/admin_password")"
       fi
       wait "$java_pid"
       echo "throwaway-kafka: the broker exited" >&2

@@ -56,6 +56,8 @@ pub struct Secured {
     pub username: String,
     /// Its password.
     pub password: String,
+    /// The password of `admin`, a super user who may set ACLs.
+    pub admin_password: String,
 }
 
 impl Broker {
@@ -82,6 +84,36 @@ impl Broker {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect()
+    }
+
+    /// Changes the ACLs of a SASL_SSL broker as its super user:
+    /// `tests/kafka/acl.py` with `args` (`deny --principal User:walbridge
+    /// --topic NAME`, …).
+    pub fn acl(&self, args: &[&str]) {
+        let Some(s) = &self.secured else {
+            panic!("ACLs need a broker started with start_sasl_ssl");
+        };
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("kafka/acl.py");
+        let mut command = Command::new(python());
+        command.arg(script).args(["--brokers", &self.bootstrap]);
+        for (key, value) in self.client_properties(Some(&s.admin_password)) {
+            let value = if key == "sasl.username" {
+                "admin".to_owned()
+            } else {
+                value
+            };
+            command.arg("--property").arg(format!("{key}={value}"));
+        }
+        let output = command
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run acl.py: {e}"));
+        assert!(
+            output.status.success(),
+            "acl.py {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
 
     /// Starts a broker on a free port and waits until it has started.
@@ -138,11 +170,12 @@ impl Broker {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run scripts/throwaway-kafka.sh: {e}"));
         // The script prints the bootstrap address once the broker has
-        // started (then, for SASL_SSL, `ca=`, `username=`, `password=`), or exits.
+        // started (then, for SASL_SSL, `ca=`, `username=`, `password=`,
+        // `admin_password=`), or exits.
         let mut lines = Vec::new();
         if let Some(stdout) = child.stdout.take() {
             let mut reader = std::io::BufReader::new(stdout);
-            for _ in 0..if sasl_ssl { 4 } else { 1 } {
+            for _ in 0..if sasl_ssl { 5 } else { 1 } {
                 let mut line = String::new();
                 let _ = reader.read_line(&mut line);
                 lines.push(line.trim().to_owned());
@@ -159,6 +192,7 @@ impl Broker {
             ca: PathBuf::from(field("ca")),
             username: field("username"),
             password: field("password"),
+            admin_password: field("admin_password"),
         });
         let broker = Broker {
             child,

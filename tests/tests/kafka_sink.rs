@@ -765,7 +765,7 @@ fn a_registry_behind_tls_and_basic_auth() {
     assert!(
         !check.status.success()
             && out.contains(&format!(
-                "sink `secured`: 1 Kafka broker(s) reachable at {}; schema registry at {} answers",
+                "sink `secured`: 1 Kafka broker(s) reachable at {}; the sink may write its 1 topic(s); schema registry at {} answers",
                 p.broker.bootstrap(),
                 proxy.url()
             ))
@@ -890,6 +890,30 @@ fn a_broker_outage_under_load_loses_nothing_and_holds_back_only_its_sink() {
     );
 }
 
+/// Configures one kafka sink, `events`, reading publication `pub`, with
+/// `extra` settings and librdkafka `properties`.
+fn configure_events(
+    wb: &Deployment,
+    publisher: &Cluster,
+    broker: &Broker,
+    extra: &str,
+    properties: &[(String, String)],
+) {
+    let properties: String = properties
+        .iter()
+        .map(|(k, v)| format!("\"{k}\" = \"{v}\"\n"))
+        .collect();
+    wb.configure_sinks(
+        &publisher.superuser(),
+        &["pub"],
+        "",
+        &format!(
+            "[[sink]]\nname = \"events\"\ntype = \"kafka\"\nbrokers = \"{}\"\n{extra}\n[sink.kafka_properties]\n{properties}",
+            broker.bootstrap()
+        ),
+    );
+}
+
 #[test]
 fn a_sasl_ssl_broker_with_scram_and_a_verified_certificate() {
     let publisher = Cluster::start();
@@ -900,19 +924,7 @@ fn a_sasl_ssl_broker_with_scram_and_a_verified_certificate() {
     let broker = Broker::start_sasl_ssl();
     let wb = Deployment::new();
     let configure = |properties: &[(String, String)]| {
-        let properties: String = properties
-            .iter()
-            .map(|(k, v)| format!("\"{k}\" = \"{v}\"\n"))
-            .collect();
-        wb.configure_sinks(
-            &publisher.superuser(),
-            &["pub"],
-            "",
-            &format!(
-                "[[sink]]\nname = \"events\"\ntype = \"kafka\"\nbrokers = \"{}\"\n[sink.kafka_properties]\n{properties}",
-                broker.bootstrap()
-            ),
-        );
+        configure_events(&wb, &publisher, &broker, "", properties)
     };
     let check_error = || {
         let out = wb.command(&["check"]);
@@ -1161,4 +1173,170 @@ fn kafka_connect_and_debezium_read_our_topics_unchanged() {
             .is_some_and(|e| e.contains("does not match its schema")),
         "{refused:?}"
     );
+}
+
+/// The error lines `walbridge check` gave sink `events`, once it failed.
+fn check_errors(wb: &Deployment) -> Vec<String> {
+    let out = wb.command(&["check"]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    err.lines()
+        .filter(|l| l.starts_with("error: sink `events`"))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn what_the_brokers_deny_is_reported_by_check_and_stops_the_sink() {
+    let publisher = Cluster::start();
+    publisher.psql(
+        "CREATE TABLE t (id int PRIMARY KEY);
+         CREATE TABLE secret (id int PRIMARY KEY);
+         CREATE PUBLICATION pub FOR TABLE t, secret;",
+    );
+    let broker = Broker::start_sasl_ssl();
+    let properties = broker.client_properties(None);
+    let wb = Deployment::new();
+    let configure = |extra: &str| configure_events(&wb, &publisher, &broker, extra, &properties);
+    let principal = ["--principal", "User:walbridge"];
+
+    // A topic the sink's principal may neither create nor write; it may
+    // create the other table's topic (no ACL names it).
+    broker.acl(
+        &[
+            &["deny"][..],
+            &principal,
+            &["--cluster", "--operation", "CREATE"],
+        ]
+        .concat(),
+    );
+    broker.acl(&[&["deny"][..], &principal, &["--topic", "src.public.secret"]].concat());
+    configure("");
+    let errors = check_errors(&wb);
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(
+        errors[0]
+            .contains("deny the sink's principal topic `src.public.secret` (table public.secret)")
+            && errors[0].contains("Topic authorization failed")
+            && errors[0].contains("grant it DESCRIBE and WRITE"),
+        "{errors:#?}"
+    );
+    // `run`: the sink stops at the first change of that table, in one line.
+    let running = wb.start();
+    publisher.wait_for_streaming(WAIT);
+    publisher.psql("INSERT INTO secret VALUES (1); INSERT INTO t VALUES (1);");
+    wait_for_log(&wb, "cannot create topic `src.public.secret`");
+    assert_eq!(running.stop(WAIT).code(), Some(1), "{}", wb.log());
+    let log = wb.log();
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("cannot create topic `src.public.secret` (table public.secret)")
+            && last.contains("authorization failed")
+            && last.contains("grant the sink's principal CREATE"),
+        "{log}"
+    );
+    // Not retried: one ERROR, then walbridge's last line.
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains("ERROR") && l.contains("cannot create topic"))
+            .count(),
+        1,
+        "{log}"
+    );
+    broker.acl(&[&["remove"][..], &principal, &["--cluster"]].concat());
+    broker.acl(
+        &[
+            &["remove"][..],
+            &principal,
+            &["--topic", "src.public.secret"],
+        ]
+        .concat(),
+    );
+
+    // A transactional id the principal may not use.
+    broker.acl(
+        &[
+            &["deny"][..],
+            &principal,
+            &["--transactional-id", "walbridge-events"],
+        ]
+        .concat(),
+    );
+    configure("exactly_once = true");
+    let errors = check_errors(&wb);
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    let refused = "initializing Kafka transactions (transactional.id `walbridge-events`)";
+    assert!(
+        errors[0].contains(refused)
+            && errors[0].contains("Transactional Id authorization failed")
+            && errors[0]
+                .contains("grant the sink's principal WRITE and DESCRIBE on this TransactionalId"),
+        "{errors:#?}"
+    );
+    let running = wb.start();
+    wait_for_log(&wb, refused);
+    assert_eq!(running.stop(WAIT).code(), Some(1), "{}", wb.log());
+    let log = wb.log();
+    let last = log.lines().last().unwrap_or_default();
+    assert!(last.contains(refused), "{log}");
+
+    // Granted: check passes and claims the id; while walbridge runs, check
+    // leaves the id alone (claiming it would fence the running producer),
+    // and the changes held back arrive once each.
+    broker.acl(
+        &[
+            &["remove"][..],
+            &principal,
+            &["--transactional-id", "walbridge-events"],
+        ]
+        .concat(),
+    );
+    let out = wb.command(&["check"]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("the sink may write its 3 topic(s)")
+            && stdout.contains("transactions granted for transactional.id `walbridge-events`"),
+        "{stdout}"
+    );
+    let running = wb.start();
+    publisher.wait_for_streaming(WAIT);
+    let out = wb.command(&["check"]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(stdout.contains("transactions not probed"), "{stdout}");
+    publisher.psql("INSERT INTO secret VALUES (2); INSERT INTO t VALUES (2);");
+    let messages = consume(
+        &broker.bootstrap(),
+        &ConsumeOptions {
+            topics: &["src.public.t", "src.public.secret"],
+            format: "json",
+            expect: 4,
+            timeout: WAIT,
+            registry: None,
+            read_committed: true,
+            schema_version: None,
+            properties: &properties,
+        },
+    );
+    let rows: BTreeSet<(String, i64)> = messages
+        .iter()
+        .filter_map(|m| Some((m.topic.clone(), m.value["after"]["id"].as_i64()?)))
+        .collect();
+    let expected: BTreeSet<(String, i64)> = [
+        ("src.public.secret", 1),
+        ("src.public.secret", 2),
+        ("src.public.t", 1),
+        ("src.public.t", 2),
+    ]
+    .into_iter()
+    .map(|(t, id)| (t.to_owned(), id))
+    .collect();
+    assert_eq!(rows, expected);
+    assert_eq!(messages.len(), 4, "{messages:#?}");
+    assert!(running.stop(WAIT).success(), "{}", wb.log());
 }

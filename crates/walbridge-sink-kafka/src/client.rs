@@ -5,16 +5,14 @@ use std::time::Duration;
 use rdkafka::ClientContext;
 use rdkafka::admin::AdminClient;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::error::KafkaResult;
 use rdkafka::metadata::Metadata;
 use rdkafka::producer::ThreadedProducer;
 
-use crate::config::{Format, KafkaSinkConfig};
+use crate::config::KafkaSinkConfig;
 use crate::delivery::DeliveryContext;
 use crate::error::SinkError;
-use crate::registry::client::RegistryClient;
 
 /// How long the start-up check waits for the cluster's metadata.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -198,7 +196,7 @@ impl Reachability {
     }
 }
 
-fn client_config(config: &KafkaSinkConfig) -> ClientConfig {
+pub(crate) fn client_config(config: &KafkaSinkConfig) -> ClientConfig {
     let mut client = ClientConfig::new();
     for (key, value) in config.client_properties() {
         client.set(key, value);
@@ -263,6 +261,13 @@ pub(crate) fn is_connection_property(key: &str) -> bool {
 
 impl rdkafka::consumer::ConsumerContext for TracingContext {}
 
+impl rdkafka::producer::ProducerContext for TracingContext {
+    type DeliveryOpaque = ();
+
+    // Only `walbridge check`'s transaction probe, which sends nothing.
+    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: ()) {}
+}
+
 /// Fails unless the cluster answers a metadata request: the start-up
 /// health check (an unreachable cluster is retried by the runtime; one
 /// that refuses the client, as `refusal` tells, is a permanent error).
@@ -307,57 +312,6 @@ pub async fn check_reachable(
             reason,
         },
     })
-}
-
-/// `walbridge check`: the configuration is usable, the cluster answers,
-/// and so does the schema registry Avro or Protobuf needs — unless it is
-/// `embedded_registry`, the one walbridge serves itself (`[schema_registry]`),
-/// which only runs with the pipeline.
-pub async fn health_check(
-    config: &KafkaSinkConfig,
-    embedded_registry: Option<&str>,
-) -> Result<String, SinkError> {
-    let problems = config.validate();
-    if !problems.is_empty() {
-        return Err(SinkError::Config(problems.join("; ")));
-    }
-    // A consumer, which can be polled for what librdkafka reports while
-    // it connects (an admin client cannot).
-    let probe: std::sync::Arc<BaseConsumer<TracingContext>> = std::sync::Arc::new(
-        connection_config(config)
-            .create_with_context(TracingContext::default())
-            .map_err(|source| SinkError::Client {
-                client: "consumer",
-                source,
-            })?,
-    );
-    let refusal = probe.context().refusal().clone();
-    let polled = probe.clone();
-    let brokers = check_reachable(
-        move |timeout| probe.fetch_metadata(None, timeout),
-        move || {
-            let _ = polled.poll(Duration::ZERO);
-        },
-        &refusal,
-        &config.brokers,
-    )
-    .await?;
-    let mut report = format!("{brokers} Kafka broker(s) reachable at {}", config.brokers);
-    if let Some(registry) = config.schema_registry.as_ref().map(|r| r.config())
-        && config.format != Format::Json
-    {
-        if embedded_registry == Some(registry.url.as_str()) {
-            report.push_str("; schemas go to the registry walbridge serves");
-        } else {
-            let subjects = RegistryClient::new(&registry)?.subjects().await?;
-            report.push_str(&format!(
-                "; schema registry at {} answers ({} subjects)",
-                registry.url,
-                subjects.len()
-            ));
-        }
-    }
-    Ok(report)
 }
 
 #[cfg(test)]

@@ -351,13 +351,16 @@ impl KafkaSinkConfig {
         properties.extend(self.kafka_properties.clone());
         properties.insert("bootstrap.servers".into(), self.brokers.clone());
         if self.exactly_once {
-            properties.insert(
-                "transactional.id".into(),
-                self.transactional_id
-                    .clone()
-                    .unwrap_or_else(|| format!("walbridge-{}", self.name)),
-            );
+            properties.insert("transactional.id".into(), self.effective_transactional_id());
         }
         properties
+    }
+
+    /// The producer's `transactional.id` with `exactly_once`:
+    /// `transactional_id`, or `walbridge-<sink name>`.
+    pub fn effective_transactional_id(&self) -> String {
+        self.transactional_id
+            .clone()
+            .unwrap_or_else(|| format!("walbridge-{}", self.name))
     }
 }

@@ -13,6 +13,7 @@
 //!   so after a crash a consumer sees at most the unacknowledged tail
 //!   again, recognizable by its LSN.
 
+mod check;
 mod client;
 pub mod config;
 mod delivery;
@@ -24,7 +25,7 @@ pub mod registry;
 mod sink;
 pub mod topic;
 
-pub use client::health_check;
+pub use check::{CheckScope, Health, health_check};
 pub use config::{
     Format, KafkaSinkConfig, SchemaRegistryConfig, SchemaRegistrySetting, SubjectNameStrategy,
     TopicCreation,

@@ -17,7 +17,7 @@ use walbridge_log::{CursorFile, CursorPosition, CursorState, LogPosition, Routed
 use crate::client;
 use crate::config::KafkaSinkConfig;
 use crate::delivery::{DeliveryContext, Pending, Tracker, show_key};
-use crate::error::SinkError;
+use crate::error::{SinkError, transaction_failure};
 use crate::event::{Emitter, Outgoing, SourceRef};
 use crate::positions::{self, PositionRecord};
 use crate::topic::Topics;
@@ -61,25 +61,6 @@ async fn blocking<T: Send + 'static>(
             brokers: brokers.to_owned(),
             reason: format!("a producer call did not finish: {e}"),
         })
-}
-
-/// A failed transaction call: fatal errors (another instance with the
-/// same `transactional.id` took over) stop the sink, others are retried.
-fn transaction_error(what: &str, error: KafkaError, brokers: &str) -> SinkError {
-    let fatal = match &error {
-        KafkaError::Transaction(e) => e.is_fatal(),
-        _ => false,
-    };
-    if fatal {
-        SinkError::Config(format!(
-            "{what} failed fatally: {error} (is another walbridge running with the same transactional_id?)"
-        ))
-    } else {
-        SinkError::Unreachable {
-            brokers: brokers.to_owned(),
-            reason: format!("{what} failed: {error}"),
-        }
-    }
 }
 
 impl KafkaSink {
@@ -143,7 +124,14 @@ impl KafkaSink {
                 init.init_transactions(TRANSACTION_TIMEOUT)
             })
             .await?
-            .map_err(|e| transaction_error("initializing transactions", e, &self.config.brokers))?;
+            .map_err(|e| {
+                transaction_failure(
+                    "initializing Kafka transactions",
+                    e,
+                    &self.config.brokers,
+                    &self.config.effective_transactional_id(),
+                )
+            })?;
         }
         self.connected = Some(Connected { producer, tracker });
         Ok(())
@@ -192,7 +180,13 @@ impl KafkaSink {
             tracker,
             sources: HashMap::new(),
             outgoing: Vec::new(),
-            transaction: self.config.exactly_once.then(Transaction::default),
+            transaction: self.config.exactly_once.then(|| Transaction {
+                id: self.config.effective_transactional_id(),
+                open: false,
+                reached: HashMap::new(),
+                unfinished: HashSet::new(),
+            }),
+            brokers: self.config.brokers.clone(),
         };
         let mut last_store = Instant::now();
         let mut tick = tokio::time::interval(COMMIT_INTERVAL);
@@ -266,10 +260,11 @@ impl KafkaSink {
                     producer.abort_transaction(TRANSACTION_TIMEOUT)
                 })
                 .await;
-                return Err(transaction_error(
+                return Err(transaction_failure(
                     "committing a Kafka transaction",
                     e,
                     &self.config.brokers,
+                    &self.config.effective_transactional_id(),
                 ));
             }
             if let Some(transaction) = run.transaction.as_mut() {
@@ -316,8 +311,9 @@ impl KafkaSink {
 }
 
 /// The open Kafka transaction of an `exactly_once` sink.
-#[derive(Default)]
 struct Transaction {
+    /// The producer's transactional id.
+    id: String,
     open: bool,
     /// Per source, the position the messages produced so far reach.
     reached: HashMap<String, LogPosition>,
@@ -337,6 +333,8 @@ struct Run {
     outgoing: Vec<Outgoing>,
     /// With `exactly_once`: the Kafka transaction.
     transaction: Option<Transaction>,
+    /// The bootstrap servers, for messages.
+    brokers: String,
 }
 
 impl Run {
@@ -400,12 +398,17 @@ impl Run {
 
     /// Hands one message to the producer, waiting while its queue is full.
     async fn send(&mut self, source: &str, message: &Outgoing) -> Result<(), SinkError> {
-        self.topics.ensure(&message.topic).await?;
+        self.topics.ensure(&message.topic, &message.table).await?;
         if let Some(transaction) = self.transaction.as_mut()
             && !transaction.open
         {
             self.producer.begin_transaction().map_err(|e| {
-                transaction_error("beginning a Kafka transaction", e, "the cluster")
+                transaction_failure(
+                    "beginning a Kafka transaction",
+                    e,
+                    &self.brokers,
+                    &transaction.id,
+                )
             })?;
             transaction.open = true;
         }

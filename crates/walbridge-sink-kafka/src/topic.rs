@@ -103,8 +103,9 @@ impl Topics {
         }
     }
 
-    /// Makes sure `topic` exists before a message is sent to it.
-    pub async fn ensure(&mut self, topic: &str) -> Result<(), SinkError> {
+    /// Makes sure `topic` exists before a message about `table` (`-` for
+    /// none) is sent to it.
+    pub async fn ensure(&mut self, topic: &str, table: &str) -> Result<(), SinkError> {
         if self.known.contains(topic) {
             return Ok(());
         }
@@ -124,6 +125,7 @@ impl Topics {
             let results = admin.create_topics([&new], &options).await.map_err(|e| {
                 SinkError::TopicCreation {
                     topic: topic.to_owned(),
+                    table: table.to_owned(),
                     reason: e.to_string(),
                     code: e.rdkafka_error_code(),
                 }
@@ -135,6 +137,7 @@ impl Topics {
                     Err((_, code)) => {
                         return Err(SinkError::TopicCreation {
                             topic: topic.to_owned(),
+                            table: table.to_owned(),
                             reason: code.to_string(),
                             code: Some(code),
                         });

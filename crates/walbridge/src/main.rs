@@ -12,6 +12,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use walbridge_core::Relation;
 use walbridge_source::Source;
 use walbridge_source::checks::{Outlook, Severity};
 
@@ -164,6 +165,8 @@ async fn check(path: &std::path::Path) -> Result<(), Failure> {
             data_dir.display()
         );
     }
+    // The tables each source publishes, for the sinks' checks.
+    let mut published = Vec::new();
     for source_config in &config.sources {
         let source = Source::new(source_config.clone(), &config.data_dir).map_err(|e| Failure {
             code: EXIT_CONFIG,
@@ -192,7 +195,13 @@ async fn check(path: &std::path::Path) -> Result<(), Failure> {
             .count();
         if source_errors == 0 {
             println!("ok: source `{}` is ready to replicate", source_config.name);
-            errors += check_targets(&config, &source).await;
+            match published_relations(&config, &source).await {
+                Some(relations) => {
+                    errors += check_targets(&config, &source_config.name, &relations).await;
+                    published.push((source_config.name.clone(), relations));
+                }
+                None => errors += 1,
+            }
         }
         errors += source_errors;
     }
@@ -201,19 +210,37 @@ async fn check(path: &std::path::Path) -> Result<(), Failure> {
         let health = match sink {
             config::SinkConfig::Postgres(c) => walbridge_sink_postgres::health_check(c)
                 .await
-                .map_err(anyhow::Error::new),
+                .map_err(|e| vec![anyhow::Error::new(e)]),
             config::SinkConfig::Kafka(c) => {
-                walbridge_sink_kafka::health_check(c, embedded_registry.as_deref())
-                    .await
-                    .map_err(anyhow::Error::new)
+                let scope = walbridge_sink_kafka::CheckScope {
+                    tables: published
+                        .iter()
+                        .map(|(source, relations)| (source.as_str(), relations.as_slice()))
+                        .collect(),
+                    claim_transactional_id: running.is_none(),
+                };
+                let health =
+                    walbridge_sink_kafka::health_check(c, embedded_registry.as_deref(), &scope)
+                        .await;
+                if health.problems.is_empty() {
+                    Ok(health.report)
+                } else {
+                    Err(health
+                        .problems
+                        .into_iter()
+                        .map(anyhow::Error::new)
+                        .collect())
+                }
             }
-            config::SinkConfig::Jsonl(c) => sink::jsonl::health_check(c),
+            config::SinkConfig::Jsonl(c) => sink::jsonl::health_check(c).map_err(|e| vec![e]),
         };
         match health {
             Ok(line) => println!("ok: sink `{}`: {line}", sink.name()),
-            Err(e) => {
-                eprintln!("error: sink `{}`: {}", sink.name(), describe(&e));
-                errors += 1;
+            Err(problems) => {
+                for e in &problems {
+                    eprintln!("error: sink `{}`: {}", sink.name(), describe(e));
+                }
+                errors += problems.len();
             }
         }
     }
@@ -226,35 +253,45 @@ async fn check(path: &std::path::Path) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Maps the tables `source` publishes onto every postgres sink that reads
-/// it; returns the number of problems reported.
-async fn check_targets(config: &Config, source: &Source) -> usize {
+/// The tables `source` publishes, when a sink checks them (postgres
+/// sinks map them onto the target, kafka sinks probe their topics);
+/// `None` once an error is reported.
+async fn published_relations(config: &Config, source: &Source) -> Option<Vec<Relation>> {
     let name = &source.config().name;
-    let sinks: Vec<_> = config
-        .sinks
-        .iter()
-        .filter_map(|s| match s {
-            config::SinkConfig::Postgres(c)
-                if c.sources.as_ref().is_none_or(|list| list.contains(name)) =>
-            {
-                Some(c)
-            }
-            _ => None,
-        })
-        .collect();
-    if sinks.is_empty() {
-        return 0;
+    let checked = config.sinks.iter().any(|s| {
+        matches!(
+            s,
+            config::SinkConfig::Postgres(_) | config::SinkConfig::Kafka(_)
+        ) && s.sources().is_none_or(|list| list.contains(name))
+    });
+    if !checked {
+        return Some(Vec::new());
     }
-    let relations = match source.published_relations().await {
-        Ok(r) => r,
+    match source.published_relations().await {
+        Ok(relations) => Some(relations),
         Err(e) => {
             eprintln!("error: source `{name}`: cannot list the published tables: {e}");
-            return 1;
+            None
         }
-    };
+    }
+}
+
+/// Maps the tables source `name` publishes onto every postgres sink that
+/// reads it; returns the number of problems reported.
+async fn check_targets(config: &Config, name: &str, relations: &[Relation]) -> usize {
+    let sinks = config.sinks.iter().filter_map(|s| match s {
+        config::SinkConfig::Postgres(c)
+            if c.sources
+                .as_ref()
+                .is_none_or(|list| list.iter().any(|l| l == name)) =>
+        {
+            Some(c)
+        }
+        _ => None,
+    });
     let mut problems = 0;
     for sink in sinks {
-        match walbridge_sink_postgres::check_tables(sink, name, &relations).await {
+        match walbridge_sink_postgres::check_tables(sink, name, relations).await {
             Ok(found) if found.is_empty() => println!(
                 "ok: sink `{}`: the {} table(s) source `{name}` publishes map onto the target",
                 sink.name,
