@@ -192,9 +192,16 @@ impl Deployment {
     /// Waits until walbridge's log contains `text` and returns the log;
     /// panics with the log after `timeout`.
     pub fn wait_for_log(&self, text: &str, timeout: Duration) -> String {
+        self.wait_for_log_after(0, text, timeout);
+        self.log()
+    }
+
+    /// Waits until the log, past its first `seen` bytes, contains `text`;
+    /// returns that part of the log.
+    pub fn wait_for_log_after(&self, seen: usize, text: &str, timeout: Duration) -> String {
         let deadline = Instant::now() + timeout;
         loop {
-            let log = self.log();
+            let log = self.log().get(seen..).unwrap_or_default().to_owned();
             if log.contains(text) {
                 return log;
             }

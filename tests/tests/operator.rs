@@ -99,8 +99,7 @@ fn a_second_instance_on_the_same_data_dir_is_refused_and_the_first_goes_on() {
     // The connection streamed again, so the next outage starts the backoff over.
     let seen = wb.log().len();
     pg.stop();
-    let log = wb.wait_for_log("retrying in", WAIT);
-    let after = &log[seen..];
+    let after = wb.wait_for_log_after(seen, "retrying in", WAIT);
     let first_retry = after
         .lines()
         .find(|l| l.contains("retrying in"))

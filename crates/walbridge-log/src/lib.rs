@@ -17,8 +17,6 @@
 //! * Consumers keep their positions in [`CursorFile`]s and report them
 //!   with [`Log::advance_cursor`]; segments every cursor has passed are
 //!   removed, subject to retention and `max_size` ([`LogOptions`]).
-//! * Sinks receive [`Routed`] events and acknowledge [`LogPosition`]s
-//!   ([`feed`]).
 //! * [`Log::open`] recovers from a crash: a torn end is cut back to the
 //!   last complete record (and the last complete unit); damage anywhere
 //!   else is an error naming the segment and offset.
@@ -26,7 +24,6 @@
 mod append;
 mod cursor;
 mod error;
-pub mod feed;
 pub mod frame;
 mod log;
 // Generated; `Record` itself is read through `record::RecordView`.
@@ -42,7 +39,6 @@ mod writer;
 pub use append::{Appender, MAX_CHUNK_BYTES};
 pub use cursor::{CursorFile, CursorPosition, CursorState};
 pub use error::LogError;
-pub use feed::{LogPosition, Routed, SourceContext};
 pub use log::{FsyncPolicy, Head, Log, LogOptions, Recovery, Visibility, WhenFull};
 pub use reader::{LogReader, ReadRecord};
 pub use record::{Entry, RecordDecoder, RecordEncoder, RecordError};

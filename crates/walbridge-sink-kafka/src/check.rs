@@ -11,7 +11,7 @@
 //!
 //! Probing transactions claims the transactional id, which fences a
 //! producer that holds it: the probe runs only when no walbridge runs on
-//! the data_dir (the caller knows, from the data_dir's lock).
+//! the data_dir ([`CheckScope::running`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{Producer, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
-use walbridge_core::Relation;
+use walbridge_sink::{CheckScope, Health};
 
 use crate::client::{self, TracingContext};
 use crate::config::{Format, KafkaSinkConfig};
@@ -35,35 +35,13 @@ const TOPIC_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the transaction probe may take to be given the id.
 const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// What `walbridge check` knows besides the sink's configuration.
-pub struct CheckScope<'a> {
-    /// The tables each source publishes (sources this sink does not read
-    /// are skipped): their topics are probed.
-    pub tables: Vec<(&'a str, &'a [Relation])>,
-    /// Whether the probe may claim the sink's transactional id: false
-    /// while a walbridge runs on the data_dir, whose producer it would fence.
-    pub claim_transactional_id: bool,
-}
-
-/// What the check found: a line saying what is ready, and the problems.
-pub struct Health {
-    /// What is ready (and what was not probed, and why).
-    pub report: String,
-    /// Each thing `run` would fail on.
-    pub problems: Vec<SinkError>,
-}
-
-/// Checks what `run` needs (see the module's documentation);
-/// `embedded_registry` is the URL of the registry walbridge serves itself
-/// (`[schema_registry]`), which only runs with the pipeline.
-pub async fn health_check(
-    config: &KafkaSinkConfig,
-    embedded_registry: Option<&str>,
-    scope: &CheckScope<'_>,
-) -> Health {
+/// Checks what `run` needs (see the module's documentation). The
+/// registry walbridge serves itself only runs with the pipeline: it is
+/// not asked.
+pub async fn health_check(config: &KafkaSinkConfig, scope: &CheckScope<'_>) -> Health {
     let problems = config.validate();
     if !problems.is_empty() {
-        return failed(SinkError::Config(problems.join("; ")));
+        return Health::failed(SinkError::Config(problems.join("; ")));
     }
     // A consumer, which can be polled for what librdkafka reports while
     // it connects (an admin client cannot), and which never creates a
@@ -72,7 +50,7 @@ pub async fn health_check(
         match client::connection_config(config).create_with_context(TracingContext::default()) {
             Ok(probe) => Arc::new(probe),
             Err(source) => {
-                return failed(SinkError::Client {
+                return Health::failed(SinkError::Client {
                     client: "consumer",
                     source,
                 });
@@ -92,27 +70,27 @@ pub async fn health_check(
     .await
     {
         Ok(brokers) => brokers,
-        Err(e) => return failed(e),
+        Err(e) => return Health::failed(e),
     };
-    let mut health = Health {
+    let mut found = Found {
         report: format!("{brokers} Kafka broker(s) reachable at {}", config.brokers),
         problems: Vec::new(),
     };
     match topics(config, scope) {
-        Ok(topics) => check_topics(config, probe, topics, &mut health).await,
-        Err(e) => health.problems.push(e),
+        Ok(topics) => check_topics(config, probe, topics, &mut found).await,
+        Err(e) => found.problems.push(e),
     }
     if config.exactly_once {
         let id = config.effective_transactional_id();
-        if scope.claim_transactional_id {
+        if scope.running.is_none() {
             match check_transactions(config).await {
-                Ok(()) => health.report.push_str(&format!(
+                Ok(()) => found.report.push_str(&format!(
                     "; transactions granted for transactional.id `{id}`"
                 )),
-                Err(e) => health.problems.push(e),
+                Err(e) => found.problems.push(e),
             }
         } else {
-            health.report.push_str(&format!(
+            found.report.push_str(&format!(
                 "; transactions not probed: the walbridge running on this data_dir holds transactional.id `{id}`, which a probe would take from it"
             ));
         }
@@ -120,28 +98,38 @@ pub async fn health_check(
     if let Some(registry) = config.schema_registry.as_ref().map(|r| r.config())
         && config.format != Format::Json
     {
-        if embedded_registry == Some(registry.url.as_str()) {
-            health
+        if config.embedded_registry.as_deref() == Some(registry.url.as_str()) {
+            found
                 .report
                 .push_str("; schemas go to the registry walbridge serves");
         } else {
             match registry_subjects(&registry).await {
-                Ok(subjects) => health.report.push_str(&format!(
+                Ok(subjects) => found.report.push_str(&format!(
                     "; schema registry at {} answers ({subjects} subjects)",
                     registry.url
                 )),
-                Err(e) => health.problems.push(e),
+                Err(e) => found.problems.push(e),
             }
         }
     }
-    health
+    if found.problems.is_empty() {
+        Health {
+            ready: vec![found.report],
+            problems: Vec::new(),
+        }
+    } else {
+        Health {
+            ready: Vec::new(),
+            problems: found.problems.into_iter().map(Into::into).collect(),
+        }
+    }
 }
 
-fn failed(problem: SinkError) -> Health {
-    Health {
-        report: String::new(),
-        problems: vec![problem],
-    }
+/// What the check has found so far: one line of what is ready, and the
+/// problems.
+struct Found {
+    report: String,
+    problems: Vec<SinkError>,
 }
 
 async fn registry_subjects(registry: &crate::SchemaRegistryConfig) -> Result<usize, SinkError> {
@@ -156,15 +144,8 @@ fn topics(
 ) -> Result<BTreeMap<String, String>, SinkError> {
     let namer = TopicNamer::new(&config.topic)?;
     let mut topics = BTreeMap::new();
-    for (source, relations) in &scope.tables {
-        if config
-            .sources
-            .as_ref()
-            .is_some_and(|only| !only.iter().any(|s| s == source))
-        {
-            continue;
-        }
-        for relation in relations.iter() {
+    for (source, relations) in scope.tables_read_by(config) {
+        for relation in relations {
             topics.insert(
                 namer.topic(source, &relation.schema, &relation.name)?,
                 format!("{}.{}", relation.schema, relation.name),
@@ -189,7 +170,7 @@ async fn check_topics(
     config: &KafkaSinkConfig,
     probe: Arc<BaseConsumer<TracingContext>>,
     topics: BTreeMap<String, String>,
-    health: &mut Health,
+    found: &mut Found,
 ) {
     let names: Vec<String> = topics.keys().cloned().collect();
     let answers = tokio::task::spawn_blocking(move || {
@@ -221,7 +202,7 @@ async fn check_topics(
             )) => missing.push(topic),
             Ok(Some(code @ RDKafkaErrorCode::TopicAuthorizationFailed)) => {
                 denied += 1;
-                health.problems.push(SinkError::TopicDenied {
+                found.problems.push(SinkError::TopicDenied {
                     brokers: config.brokers.clone(),
                     topic,
                     table,
@@ -232,7 +213,7 @@ async fn check_topics(
             Ok(_) => {}
             Err(e) => {
                 denied += 1;
-                health.problems.push(SinkError::Unreachable {
+                found.problems.push(SinkError::Unreachable {
                     brokers: config.brokers.clone(),
                     reason: format!("the metadata of topic `{topic}`: {e}"),
                 });
@@ -240,7 +221,7 @@ async fn check_topics(
         }
     }
     if config.topic_creation.enabled && !missing.is_empty() {
-        denied += validate_creation(config, &missing, &topics, health).await;
+        denied += validate_creation(config, &missing, &topics, found).await;
     }
     if denied == 0 {
         let mut line = format!("; the sink may write its {} topic(s)", topics.len());
@@ -255,7 +236,7 @@ async fn check_topics(
                 }
             ));
         }
-        health.report.push_str(&line);
+        found.report.push_str(&line);
     }
 }
 
@@ -265,12 +246,12 @@ async fn validate_creation(
     config: &KafkaSinkConfig,
     missing: &[String],
     topics: &BTreeMap<String, String>,
-    health: &mut Health,
+    found: &mut Found,
 ) -> usize {
     let admin = match client::admin(config) {
         Ok(admin) => admin,
         Err(e) => {
-            health.problems.push(e);
+            found.problems.push(e);
             return 1;
         }
     };
@@ -290,7 +271,7 @@ async fn validate_creation(
     let results = match admin.create_topics(&new, &options).await {
         Ok(results) => results,
         Err(e) => {
-            health.problems.push(SinkError::TopicCreation {
+            found.problems.push(SinkError::TopicCreation {
                 topic: missing.join(", "),
                 table: "-".to_owned(),
                 reason: e.to_string(),
@@ -305,7 +286,7 @@ async fn validate_creation(
             && code != RDKafkaErrorCode::TopicAlreadyExists
         {
             refused += 1;
-            health.problems.push(SinkError::TopicCreation {
+            found.problems.push(SinkError::TopicCreation {
                 table: topics.get(&topic).cloned().unwrap_or_default(),
                 topic,
                 reason: code.to_string(),

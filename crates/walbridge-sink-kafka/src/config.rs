@@ -225,6 +225,10 @@ pub struct KafkaSinkConfig {
     /// compression, batching, …); they override walbridge's defaults.
     #[serde(default)]
     pub kafka_properties: BTreeMap<String, String>,
+    /// The URL of the registry walbridge serves itself (`[schema_registry]`),
+    /// when it serves one: not a key of the sink's table.
+    #[serde(skip)]
+    pub embedded_registry: Option<String>,
 }
 
 /// Properties walbridge sets unless `kafka_properties` says otherwise:

@@ -16,7 +16,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{DeliveryResult, Message};
 use rdkafka::producer::ProducerContext;
 use tokio::sync::Notify;
-use walbridge_log::LogPosition;
+use walbridge_sink::LogPosition;
 
 use crate::error::SinkError;
 

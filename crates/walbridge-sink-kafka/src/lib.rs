@@ -20,15 +20,17 @@ mod delivery;
 pub mod encode;
 mod error;
 pub mod event;
+mod kind;
 mod positions;
 pub mod registry;
 mod sink;
 pub mod topic;
 
-pub use check::{CheckScope, Health, health_check};
+pub use check::health_check;
 pub use config::{
     Format, KafkaSinkConfig, SchemaRegistryConfig, SchemaRegistrySetting, SubjectNameStrategy,
     TopicCreation,
 };
 pub use error::SinkError;
+pub use kind::KIND;
 pub use sink::{COMMIT_INTERVAL, KafkaSink};

@@ -12,7 +12,8 @@ use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 use tokio::sync::mpsc;
 use walbridge_core::SourceEvent;
-use walbridge_log::{CursorFile, CursorPosition, CursorState, LogPosition, Routed, SourceContext};
+use walbridge_log::{CursorFile, CursorPosition, CursorState};
+use walbridge_sink::{LogPosition, Routed, SourceContext};
 
 use crate::client;
 use crate::config::KafkaSinkConfig;
@@ -88,9 +89,9 @@ impl KafkaSink {
         &self.config.name
     }
 
-    /// Where the sink's cursor says to go on reading `source`'s log.
-    pub fn stored_position(&self, source: &str) -> Option<&CursorPosition> {
-        self.cursor.positions.get(source)
+    /// The sink's cursor: where it goes on reading each source's log.
+    pub fn cursor(&self) -> &CursorState {
+        &self.cursor
     }
 
     /// Creates the producer and checks the cluster answers; a

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use walbridge_core::Lsn;
-use walbridge_log::{CursorFile, CursorPosition, Log, Routed, SourceContext};
+use walbridge_log::{CursorFile, CursorPosition, Log};
+use walbridge_sink::{Routed, SourceLog};
 
 use crate::apply::{Applier, ApplierParts};
 use crate::config::PostgresSinkConfig;
@@ -20,14 +21,6 @@ use crate::target::TargetCatalog;
 
 /// Routed batches queued for each applier.
 const APPLIER_QUEUE: usize = 4;
-
-/// One source's log, as the sink resumes reading it.
-pub struct SourceLog {
-    /// The source.
-    pub context: Arc<SourceContext>,
-    /// Its log.
-    pub log: Log,
-}
 
 /// Makes [`PostgresSink`]s sharing one configuration and state.
 #[derive(Clone)]

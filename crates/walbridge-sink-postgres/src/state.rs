@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use walbridge_core::Lsn;
-use walbridge_log::{CursorFile, CursorPosition, CursorState, LogPosition, SourceContext};
+use walbridge_log::{CursorFile, CursorPosition, CursorState};
+use walbridge_sink::{LogPosition, SourceContext};
 
 use crate::error::{SinkError, StoppedOn};
 

@@ -3,41 +3,53 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use serde::Deserialize;
 use walbridge_core::DurationText;
+use walbridge_sink::{ConfigContext, SinkConfig, SinkKind};
 use walbridge_source::SourceConfig;
 
 use crate::log_config::LogConfig;
-use walbridge_sink_kafka::{KafkaSinkConfig, SchemaRegistrySetting};
-use walbridge_sink_postgres::PostgresSinkConfig;
-
-use crate::sink::jsonl::JsonlSinkConfig;
 
 /// The whole configuration.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone)]
 pub struct Config {
     /// Directory for walbridge's state (slot bookkeeping, spill files, the
     /// log, the sinks' cursors).
     pub data_dir: PathBuf,
     /// How the log is kept (`[log]`).
-    #[serde(default)]
     pub log: LogConfig,
     /// The sources (`[[source]]`).
-    #[serde(rename = "source", default)]
     pub sources: Vec<SourceConfig>,
     /// The sinks (`[[sink]]`); without any, changes go to stdout as JSON lines.
+    pub sinks: Vec<Arc<dyn SinkConfig>>,
+    /// The schema registry walbridge serves (`[schema_registry]`).
+    pub schema_registry: Option<RegistryServerConfig>,
+    /// How often long work logs how far it has come.
+    pub progress_interval: DurationText,
+}
+
+/// The file as read: each `[[sink]]` table is read by its kind.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    data_dir: PathBuf,
+    #[serde(default)]
+    log: LogConfig,
+    #[serde(rename = "source", default)]
+    sources: Vec<SourceConfig>,
+    /// The sinks (`[[sink]]`), with where each starts in the file.
     #[serde(rename = "sink", default)]
-    pub sinks: Vec<SinkConfig>,
+    sinks: Vec<toml::Spanned<toml::Table>>,
     /// The schema registry walbridge serves (`[schema_registry]`).
     #[serde(default)]
-    pub schema_registry: Option<RegistryServerConfig>,
+    schema_registry: Option<RegistryServerConfig>,
     /// How often long work logs how far it has come: each table being
     /// copied, each sink catching up (default 5s).
     #[serde(default = "default_progress_interval")]
-    pub progress_interval: DurationText,
+    progress_interval: DurationText,
 }
 
 fn default_progress_interval() -> DurationText {
@@ -65,70 +77,57 @@ impl RegistryServerConfig {
     }
 }
 
-/// One `[[sink]]`, by `type`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase")]
-pub enum SinkConfig {
-    /// Newline-delimited JSON to stdout or a file.
-    Jsonl(JsonlSinkConfig),
-    /// Apply into a PostgreSQL database.
-    Postgres(PostgresSinkConfig),
-    /// Change events to Kafka, a topic per table.
-    Kafka(Box<KafkaSinkConfig>),
-}
-
-impl SinkConfig {
-    /// The sink's name.
-    pub fn name(&self) -> &str {
-        match self {
-            SinkConfig::Jsonl(c) => &c.name,
-            SinkConfig::Postgres(c) => &c.name,
-            SinkConfig::Kafka(c) => &c.name,
-        }
-    }
-
-    /// The sources it reads, `None` for all.
-    pub fn sources(&self) -> Option<&[String]> {
-        match self {
-            SinkConfig::Jsonl(c) => c.sources.as_deref(),
-            SinkConfig::Postgres(c) => c.sources.as_deref(),
-            SinkConfig::Kafka(c) => c.sources.as_deref(),
-        }
-    }
-}
-
 impl Config {
-    /// Reads, expands and validates the file at `path`.
-    pub fn load(path: &Path) -> anyhow::Result<Config> {
+    /// Reads, expands and validates the file at `path`; `kinds` read the
+    /// `[[sink]]` tables.
+    pub fn load(path: &Path, kinds: &[&dyn SinkKind]) -> anyhow::Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read configuration file {}", path.display()))?;
-        Self::parse(&text, |name| std::env::var(name).ok())
+        Self::parse(&text, |name| std::env::var(name).ok(), kinds)
             .with_context(|| format!("configuration file {}", path.display()))
     }
 
     /// Parses configuration text, expanding `${VAR}` with `env`.
-    pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<Config> {
+    pub fn parse(
+        text: &str,
+        env: impl Fn(&str) -> Option<String>,
+        kinds: &[&dyn SinkKind],
+    ) -> anyhow::Result<Config> {
         let expanded = expand_env(text, env)?;
-        let mut config: Config = toml::from_str(&expanded)
+        let mut file: File = toml::from_str(&expanded)
             .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
-        for source in &mut config.sources {
-            source.progress_interval = config.progress_interval.0;
+        for source in &mut file.sources {
+            source.progress_interval = file.progress_interval.0;
         }
-        if config.sinks.is_empty() {
-            config
-                .sinks
-                .push(SinkConfig::Jsonl(JsonlSinkConfig::stdout()));
-        }
-        if let Some(registry) = &config.schema_registry {
-            let url = registry.url();
-            for sink in &mut config.sinks {
-                if let SinkConfig::Kafka(k) = sink
-                    && k.schema_registry.is_none()
-                {
-                    k.schema_registry = Some(SchemaRegistrySetting::Url(url.clone()));
-                }
+        let context = ConfigContext {
+            embedded_registry: file.schema_registry.as_ref().map(|r| r.url()),
+        };
+        let mut sinks = Vec::with_capacity(file.sinks.len());
+        let mut problems = Vec::new();
+        for table in file.sinks {
+            let line = expanded[..table.span().start].lines().count() + 1;
+            match configure_sink(table.into_inner(), kinds, &context) {
+                Ok(sink) => sinks.push(sink),
+                Err(e) => problems.push(format!("[[sink]] at line {line}: {e}")),
             }
         }
+        if !problems.is_empty() {
+            bail!("{}", problems.join("\n"));
+        }
+        if sinks.is_empty() {
+            // Every source to standard output, as JSON lines.
+            let mut stdout = toml::Table::new();
+            stdout.insert("name".into(), "stdout".into());
+            sinks.push(configure_sink_of_kind("jsonl", stdout, kinds, &context)?);
+        }
+        let config = Config {
+            data_dir: file.data_dir,
+            log: file.log,
+            sources: file.sources,
+            sinks,
+            schema_registry: file.schema_registry,
+            progress_interval: file.progress_interval,
+        };
         config.validate()?;
         Ok(config)
     }
@@ -169,11 +168,7 @@ impl Config {
                     sink.name()
                 ));
             }
-            match sink {
-                SinkConfig::Postgres(c) => problems.extend(c.validate()),
-                SinkConfig::Kafka(c) => problems.extend(c.validate()),
-                SinkConfig::Jsonl(_) => {}
-            }
+            problems.extend(sink.validate());
             for wanted in sink.sources().unwrap_or_default() {
                 if !names.contains(wanted) {
                     problems.push(format!(
@@ -188,6 +183,53 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Reads one `[[sink]]` table by its `type`.
+fn configure_sink(
+    mut table: toml::Table,
+    kinds: &[&dyn SinkKind],
+    context: &ConfigContext,
+) -> anyhow::Result<Arc<dyn SinkConfig>> {
+    let kind = match table.remove("type") {
+        Some(toml::Value::String(kind)) => kind,
+        Some(other) => bail!("`type` must be a string, not a {}", other.type_str()),
+        None => bail!(
+            "missing `type`: one of {}",
+            kinds
+                .iter()
+                .map(|k| k.kind())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    configure_sink_of_kind(&kind, table, kinds, context)
+}
+
+fn configure_sink_of_kind(
+    kind: &str,
+    table: toml::Table,
+    kinds: &[&dyn SinkKind],
+    context: &ConfigContext,
+) -> anyhow::Result<Arc<dyn SinkConfig>> {
+    let Some(reader) = kinds.iter().find(|k| k.kind() == kind) else {
+        bail!(
+            "unknown sink `type` \"{kind}\": one of {}",
+            kinds
+                .iter()
+                .map(|k| k.kind())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    };
+    let name = table
+        .get("name")
+        .and_then(|n| n.as_str())
+        .map(|n| format!("sink `{n}`: "))
+        .unwrap_or_default();
+    reader
+        .configure(table, context)
+        .map_err(|e| anyhow::anyhow!("{name}{}", e.trim_end()))
 }
 
 /// Replaces `${NAME}` with the variable's value (escaped for TOML basic
@@ -250,10 +292,12 @@ publications = ["p"]
 
     #[test]
     fn expands_variables_and_defaults_to_stdout() {
-        let c = Config::parse(BASE, env).unwrap_or_else(|e| panic!("{e:#}"));
+        let c = Config::parse(BASE, env, crate::SINK_KINDS).unwrap_or_else(|e| panic!("{e:#}"));
         assert_eq!(c.sources[0].connection, "host=db1 password=se\"cret");
         assert_eq!(c.sources[0].slot_name(), "walbridge_shop");
-        assert!(matches!(&c.sinks[..], [SinkConfig::Jsonl(j)] if j.path == "-"));
+        assert_eq!(c.sinks.len(), 1);
+        assert_eq!(c.sinks[0].name(), "stdout");
+        assert!(format!("{:?}", c.sinks[0]).contains("path: \"-\""));
         assert_eq!(
             expand_env("a $${X} $5", env).unwrap_or_default(),
             "a ${X} $5"
@@ -264,34 +308,14 @@ publications = ["p"]
     fn shipped_examples_parse() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/walbridge.toml");
         let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        let c = Config::parse(&text, |v| {
-            matches!(v, "WALBRIDGE_PASSWORD" | "REPLICA_PASSWORD").then(|| "pw".to_owned())
-        })
-        .unwrap_or_else(|e| panic!("{e:#}"));
-        assert_eq!(c.sources[0].publications, ["app_pub"]);
-        assert!(
-            matches!(&c.sinks[1], SinkConfig::Postgres(p) if p.progress_table == "walbridge.progress")
-        );
-    }
-
-    #[test]
-    fn kafka_sinks_parse_with_their_defaults() {
         let c = Config::parse(
-            &format!(
-                "{BASE}[[sink]]\nname = \"events\"\ntype = \"kafka\"\nbrokers = \"k1:9092,k2:9092\"\n[sink.kafka_properties]\n\"compression.type\" = \"zstd\"\n"
-            ),
-            env,
+            &text,
+            |v| matches!(v, "WALBRIDGE_PASSWORD" | "REPLICA_PASSWORD").then(|| "pw".to_owned()),
+            crate::SINK_KINDS,
         )
         .unwrap_or_else(|e| panic!("{e:#}"));
-        let [SinkConfig::Kafka(k)] = &c.sinks[..] else {
-            panic!("not one kafka sink: {:?}", c.sinks);
-        };
-        assert_eq!(k.topic, "{source}.{schema}.{table}");
-        assert!(k.tombstones && k.topic_creation.enabled);
-        let properties = k.client_properties();
-        assert_eq!(properties["compression.type"], "zstd");
-        assert_eq!(properties["enable.idempotence"], "true");
-        assert_eq!(properties["bootstrap.servers"], "k1:9092,k2:9092");
+        assert_eq!(c.sources[0].publications, ["app_pub"]);
+        assert!(format!("{:?}", c.sinks[1]).contains("progress_table: \"walbridge.progress\""));
     }
 
     #[test]
@@ -299,7 +323,7 @@ publications = ["p"]
         let err = |text: &str| {
             format!(
                 "{:#}",
-                Config::parse(text, env)
+                Config::parse(text, env, crate::SINK_KINDS)
                     .err()
                     .unwrap_or_else(|| panic!("accepted: {text}"))
             )

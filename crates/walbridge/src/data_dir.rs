@@ -98,41 +98,6 @@ impl DataDirLock {
     }
 }
 
-/// Whether this process may create files in `dir`, or, when `dir` does
-/// not exist yet, create it: tried for real (a file created and removed in
-/// `dir` or its nearest existing parent), since permission bits tell
-/// nothing of read-only mounts, ACLs or a full inode table.
-pub fn probe_writable(dir: &Path) -> std::io::Result<()> {
-    let mut existing = dir;
-    while !existing.exists() {
-        match existing.parent() {
-            Some(parent) if !parent.as_os_str().is_empty() => existing = parent,
-            _ => {
-                existing = Path::new(".");
-                break;
-            }
-        }
-    }
-    if !existing.is_dir() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::NotADirectory,
-            format!("{} is not a directory", existing.display()),
-        ));
-    }
-    let probe = existing.join(format!(".walbridge-probe-{}", std::process::id()));
-    File::options()
-        .write(true)
-        .create_new(true)
-        .open(&probe)
-        .map_err(|e| {
-            std::io::Error::new(
-                e.kind(),
-                format!("cannot create a file in {}: {e}", existing.display()),
-            )
-        })?;
-    std::fs::remove_file(&probe)
-}
-
 /// The pid written in a lock file.
 fn holder(file: &mut File) -> Option<u32> {
     let mut text = String::new();

@@ -5,7 +5,6 @@ mod data_dir;
 mod log_config;
 mod pipeline;
 mod report;
-mod sink;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,11 +12,19 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use walbridge_core::Relation;
+use walbridge_sink::{CheckScope, SinkKind, reads};
 use walbridge_source::Source;
 use walbridge_source::checks::{Outlook, Severity};
 
 use crate::config::Config;
 use crate::report::describe;
+
+/// Every sink kind, by its `type`: a new sink is a crate and a line here.
+pub static SINK_KINDS: &[&dyn SinkKind] = &[
+    &walbridge_sink_postgres::KIND,
+    &walbridge_sink_kafka::KIND,
+    &walbridge_sink_jsonl::KIND,
+];
 
 /// Exit status for a configuration or usage error.
 const EXIT_CONFIG: u8 = 2;
@@ -138,7 +145,7 @@ impl From<anyhow::Error> for Failure {
 }
 
 fn load(path: &std::path::Path) -> Result<Config, Failure> {
-    Config::load(path).map_err(|error| Failure {
+    Config::load(path, SINK_KINDS).map_err(|error| Failure {
         code: EXIT_CONFIG,
         error,
     })
@@ -148,7 +155,7 @@ async fn check(path: &std::path::Path) -> Result<(), Failure> {
     let config = load(path)?;
     let mut errors = 0;
     let data_dir = &config.data_dir;
-    match data_dir::probe_writable(data_dir) {
+    match walbridge_sink::probe_writable(data_dir) {
         Ok(()) => println!("ok: data_dir {} is writable", data_dir.display()),
         Err(e) => {
             eprintln!(
@@ -196,52 +203,28 @@ async fn check(path: &std::path::Path) -> Result<(), Failure> {
         if source_errors == 0 {
             println!("ok: source `{}` is ready to replicate", source_config.name);
             match published_relations(&config, &source).await {
-                Some(relations) => {
-                    errors += check_targets(&config, &source_config.name, &relations).await;
-                    published.push((source_config.name.clone(), relations));
-                }
+                Some(relations) => published.push((source_config.name.clone(), relations)),
                 None => errors += 1,
             }
         }
         errors += source_errors;
     }
-    let embedded_registry = config.schema_registry.as_ref().map(|r| r.url());
+    let scope = CheckScope {
+        tables: published
+            .iter()
+            .map(|(source, relations)| (source.as_str(), relations.as_slice()))
+            .collect(),
+        running,
+    };
     for sink in &config.sinks {
-        let health = match sink {
-            config::SinkConfig::Postgres(c) => walbridge_sink_postgres::health_check(c)
-                .await
-                .map_err(|e| vec![anyhow::Error::new(e)]),
-            config::SinkConfig::Kafka(c) => {
-                let scope = walbridge_sink_kafka::CheckScope {
-                    tables: published
-                        .iter()
-                        .map(|(source, relations)| (source.as_str(), relations.as_slice()))
-                        .collect(),
-                    claim_transactional_id: running.is_none(),
-                };
-                let health =
-                    walbridge_sink_kafka::health_check(c, embedded_registry.as_deref(), &scope)
-                        .await;
-                if health.problems.is_empty() {
-                    Ok(health.report)
-                } else {
-                    Err(health
-                        .problems
-                        .into_iter()
-                        .map(anyhow::Error::new)
-                        .collect())
-                }
-            }
-            config::SinkConfig::Jsonl(c) => sink::jsonl::health_check(c).map_err(|e| vec![e]),
-        };
-        match health {
-            Ok(line) => println!("ok: sink `{}`: {line}", sink.name()),
-            Err(problems) => {
-                for e in &problems {
-                    eprintln!("error: sink `{}`: {}", sink.name(), describe(e));
-                }
-                errors += problems.len();
-            }
+        let health = sink.check(&scope).await;
+        for line in &health.ready {
+            println!("ok: sink `{}`: {line}", sink.name());
+        }
+        errors += health.problems.len();
+        for problem in health.problems {
+            let problem = anyhow::Error::from_boxed(problem);
+            eprintln!("error: sink `{}`: {}", sink.name(), describe(&problem));
         }
     }
     if errors > 0 {
@@ -253,18 +236,12 @@ async fn check(path: &std::path::Path) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The tables `source` publishes, when a sink checks them (postgres
-/// sinks map them onto the target, kafka sinks probe their topics);
-/// `None` once an error is reported.
+/// The tables `source` publishes, which the sinks' checks look at (a
+/// postgres sink maps them onto its target, a kafka sink probes their
+/// topics); `None` once an error is reported.
 async fn published_relations(config: &Config, source: &Source) -> Option<Vec<Relation>> {
     let name = &source.config().name;
-    let checked = config.sinks.iter().any(|s| {
-        matches!(
-            s,
-            config::SinkConfig::Postgres(_) | config::SinkConfig::Kafka(_)
-        ) && s.sources().is_none_or(|list| list.contains(name))
-    });
-    if !checked {
+    if !config.sinks.iter().any(|s| reads(s.as_ref(), name)) {
         return Some(Vec::new());
     }
     match source.published_relations().await {
@@ -274,40 +251,6 @@ async fn published_relations(config: &Config, source: &Source) -> Option<Vec<Rel
             None
         }
     }
-}
-
-/// Maps the tables source `name` publishes onto every postgres sink that
-/// reads it; returns the number of problems reported.
-async fn check_targets(config: &Config, name: &str, relations: &[Relation]) -> usize {
-    let sinks = config.sinks.iter().filter_map(|s| match s {
-        config::SinkConfig::Postgres(c)
-            if c.sources
-                .as_ref()
-                .is_none_or(|list| list.iter().any(|l| l == name)) =>
-        {
-            Some(c)
-        }
-        _ => None,
-    });
-    let mut problems = 0;
-    for sink in sinks {
-        match walbridge_sink_postgres::check_tables(sink, name, relations).await {
-            Ok(found) if found.is_empty() => println!(
-                "ok: sink `{}`: the {} table(s) source `{name}` publishes map onto the target",
-                sink.name,
-                relations.len()
-            ),
-            Ok(found) => {
-                for problem in &found {
-                    eprintln!("error: sink `{}`: {problem}", sink.name);
-                }
-                problems += found.len();
-            }
-            // The health check below reports an unreachable target.
-            Err(_) => {}
-        }
-    }
-    problems
 }
 
 /// Locks `data_dir` for this process (see [`data_dir`]).
@@ -368,28 +311,20 @@ async fn skip(
         code: EXIT_CONFIG,
         error,
     };
-    let sink_config = match config.sinks.iter().find(|s| s.name() == sink) {
-        Some(config::SinkConfig::Postgres(c)) => c,
-        Some(_) => {
-            return Err(usage(anyhow::anyhow!(
-                "sink `{sink}` is not a postgres sink; only postgres sinks stop on transactions"
-            )));
-        }
-        None => {
-            return Err(usage(anyhow::anyhow!(
-                "no sink named `{sink}` in {}",
-                path.display()
-            )));
-        }
+    let Some(sink_config) = config.sinks.iter().find(|s| s.name() == sink) else {
+        return Err(usage(anyhow::anyhow!(
+            "no sink named `{sink}` in {}",
+            path.display()
+        )));
     };
-    let skipped =
-        walbridge_sink_postgres::skip(sink_config, &pipeline::cursor_dir(&config.data_dir), lsn)
-            .await
-            .with_context(|| format!("sink `{sink}`"))?;
-    println!(
-        "skipped {skipped}; sink `{sink}` goes on after it (error was: {})",
-        skipped.error
-    );
+    let cursor_dir = pipeline::cursor_dir(&config.data_dir);
+    let Some(skipping) = sink_config.skip(&cursor_dir, lsn) else {
+        return Err(usage(anyhow::anyhow!(
+            "sink `{sink}` never stops on a transaction; only postgres sinks do"
+        )));
+    };
+    let skipped = skipping.await.with_context(|| format!("sink `{sink}`"))?;
+    println!("{skipped}");
     Ok(())
 }
 
@@ -398,12 +333,10 @@ async fn run_pipeline(path: &std::path::Path) -> Result<(), Failure> {
     let _lock = lock(&config)?;
     // What `check` finds wrong on this machine stops `run` the same way.
     for sink in &config.sinks {
-        if let config::SinkConfig::Jsonl(c) = sink {
-            sink::jsonl::health_check(c).map_err(|e| Failure {
-                code: EXIT_PREREQUISITE,
-                error: e.context(format!("sink `{}`", c.name)),
-            })?;
-        }
+        sink.preflight().map_err(|e| Failure {
+            code: EXIT_PREREQUISITE,
+            error: anyhow::Error::new(e).context(format!("sink `{}`", sink.name())),
+        })?;
     }
     pipeline::run(config).await.map_err(|error| {
         let prerequisite = error.chain().any(|c| {

@@ -22,11 +22,13 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use walbridge_core::{EventBatch, Lsn};
 use walbridge_log::{Appender, Log, LogReader, LogWriter};
+use walbridge_sink::{
+    LogPosition, Routed, Sink, SinkFailure, SourceContext, SourceLog, reads, start_from_cursor,
+};
 use walbridge_source::{Downstream, Source};
 
-use crate::config::{Config, SinkConfig};
+use crate::config::Config;
 use crate::report::describe;
-use crate::sink::{LogPosition, Reopen, Routed, Sink, SourceContext};
 
 /// Event batches (up to 256 events each) queued between a source and its log.
 const QUEUE: usize = 64;
@@ -58,12 +60,6 @@ struct SourceRun {
     acks: Vec<(String, watch::Receiver<LogPosition>)>,
 }
 
-/// One source's log as one sink reads it.
-struct SinkInput {
-    log: Log,
-    context: Arc<SourceContext>,
-}
-
 /// Runs until SIGINT/SIGTERM (exit cleanly) or a permanent failure.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -78,7 +74,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let mut runs = Vec::new();
     for source_config in &config.sources {
-        if !config.sinks.iter().any(|s| reads(s, &source_config.name)) {
+        if !config
+            .sinks
+            .iter()
+            .any(|s| reads(s.as_ref(), &source_config.name))
+        {
             tracing::warn!(source = %source_config.name, "no sink reads this source; it is not started");
             continue;
         }
@@ -100,18 +100,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let (closing_tx, closing_rx) = watch::channel(false);
     let mut sinks = Vec::new();
     for sink_config in &config.sinks {
-        let sink = Sink::open(sink_config, &cursor_dir)?;
+        let name = sink_config.name();
+        let sink: Arc<dyn Sink> = sink_config
+            .open(&cursor_dir)
+            .map_err(|e| anyhow::Error::new(e).context(format!("sink `{name}`")))?;
         let mut inputs = Vec::new();
         for run in runs
             .iter_mut()
-            .filter(|r| reads(sink_config, &r.source.config().name))
+            .filter(|r| reads(sink_config.as_ref(), &r.source.config().name))
         {
-            let start = start_position(
-                &sink,
-                sink_config.name(),
-                &run.log,
-                &run.source.config().name,
-            );
+            let source = &run.source.config().name;
+            let start =
+                start_from_cursor(name, source, sink.stored_cursor(source).as_ref(), &run.log);
             run.log.register_cursor(sink_config.name(), start);
             let head = run.log.head();
             let lsn = if start >= head.next_seq {
@@ -121,7 +121,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             };
             let (acked, ack_rx) = watch::channel(LogPosition { next: start, lsn });
             run.acks.push((sink_config.name().to_owned(), ack_rx));
-            inputs.push(SinkInput {
+            inputs.push(SourceLog {
                 log: run.log.clone(),
                 context: Arc::new(SourceContext {
                     name: run.source.config().name.clone(),
@@ -131,13 +131,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 }),
             });
         }
-        for (unit, inputs, reopen) in sink.into_units(inputs, sink_config, &cursor_dir) {
+        // The parts that run, fail and are retried on their own.
+        let units = if sink.per_source() {
+            inputs.into_iter().map(|input| vec![input]).collect()
+        } else {
+            vec![inputs]
+        };
+        for inputs in units {
             sinks.push((
-                sink_config.name().to_owned(),
+                name.to_owned(),
                 tokio::spawn(supervise(
-                    unit,
-                    reopen,
-                    sink_config.name().to_owned(),
+                    sink.clone(),
+                    name.to_owned(),
                     inputs,
                     closing_rx.clone(),
                     config.progress_interval.0,
@@ -228,81 +233,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     match failure {
         Some(e) => Err(e),
         None => Ok(()),
-    }
-}
-
-fn reads(sink: &SinkConfig, source: &str) -> bool {
-    sink.sources().is_none_or(|s| s.iter().any(|n| n == source))
-}
-
-/// Where a sink starts reading a source's log: its stored cursor, or the
-/// oldest record kept.
-fn start_position(sink: &Sink, sink_name: &str, log: &Log, source: &str) -> u64 {
-    let first = log.first_seq();
-    match sink.stored_position(source) {
-        Some(p) if p.log == log.id() => p.next,
-        Some(_) => {
-            tracing::warn!(
-                sink = sink_name,
-                source,
-                "the source's log was recreated since the sink stored its cursor (walbridge drop?): reading the new log from its start"
-            );
-            first
-        }
-        None => {
-            if first > 0 {
-                tracing::warn!(
-                    sink = sink_name,
-                    source,
-                    first,
-                    "new sink: the log no longer holds the source's oldest records (retention removed them); this sink starts without them"
-                );
-            }
-            first
-        }
-    }
-}
-
-/// Where one run of a sink reads each of its sources' logs. A postgres
-/// sink resumes from the position the target database holds; others from
-/// their stored cursors.
-async fn start_positions(
-    sink: &mut Sink,
-    name: &str,
-    inputs: &[SinkInput],
-) -> Result<Vec<u64>, SinkStop> {
-    match sink {
-        Sink::Kafka(s) => {
-            s.recover().await.map_err(|e| {
-                SinkStop::Sink(anyhow::Error::new(e).context(format!("sink `{name}`")))
-            })?;
-            Ok(inputs
-                .iter()
-                .map(|i| start_position(sink, name, &i.log, &i.context.name))
-                .collect())
-        }
-        Sink::Jsonl(_) => Ok(inputs
-            .iter()
-            .map(|i| start_position(sink, name, &i.log, &i.context.name))
-            .collect()),
-        Sink::Postgres(s) => {
-            let logs: Vec<_> = inputs
-                .iter()
-                .map(|i| walbridge_sink_postgres::SourceLog {
-                    context: i.context.clone(),
-                    log: i.log.clone(),
-                })
-                .collect();
-            s.resume(&logs).await.map_err(|e| {
-                let permanent = e.is_permanent();
-                let e = anyhow::Error::new(e).context(format!("sink `{name}`"));
-                if permanent {
-                    SinkStop::Log(e)
-                } else {
-                    SinkStop::Sink(e)
-                }
-            })
-        }
     }
 }
 
@@ -417,46 +347,52 @@ impl Drop for AbortOnDrop {
 enum SinkStop {
     /// Reading the log failed: corruption, a position removed, the sink dropped. Retrying cannot help.
     Log(anyhow::Error),
-    /// The sink failed; it is retried.
-    Sink(anyhow::Error),
+    /// The sink failed; it is retried unless the failure is permanent.
+    Sink(SinkFailure),
 }
 
 /// Runs a sink, restarting it from its stored cursor with exponential
 /// backoff when it fails; gives up only on failures a retry cannot cure.
 async fn supervise(
-    first: Sink,
-    reopen: Reopen,
+    sink: Arc<dyn Sink>,
     name: String,
-    inputs: Vec<SinkInput>,
+    inputs: Vec<SourceLog>,
     closing: watch::Receiver<bool>,
     progress_interval: Duration,
 ) -> anyhow::Result<()> {
-    let mut next = Some(first);
     let mut backoff = FIRST_BACKOFF;
     loop {
         let started = std::time::Instant::now();
-        let sink = match next.take() {
-            Some(sink) => Ok(sink),
-            // Opening may block (a FIFO waits for its reader): not on a runtime thread.
-            None => {
-                let reopen = reopen.clone();
-                tokio::task::spawn_blocking(move || reopen.open())
-                    .await
-                    .map_err(|e| anyhow!("sink `{name}`: opening panicked: {e}"))
-                    .and_then(|r| r)
+        // Starting may block (a FIFO waits for its reader): not on a runtime thread.
+        let starting = sink.clone();
+        let outcome = match tokio::task::spawn_blocking(move || starting.start()).await {
+            Ok(Ok(run)) => {
+                run_sink(
+                    run,
+                    sink.as_ref(),
+                    &name,
+                    &inputs,
+                    closing.clone(),
+                    progress_interval,
+                )
+                .await
             }
-        };
-        let outcome = match sink {
-            Ok(sink) => run_sink(sink, &name, &inputs, closing.clone(), progress_interval).await,
-            Err(e) => Err(SinkStop::Sink(e)),
+            Ok(Err(e)) => Err(SinkStop::Sink(e)),
+            Err(e) => Err(SinkStop::Sink(SinkFailure::transient(format!(
+                "starting the sink panicked: {e}"
+            )))),
         };
         let e = match outcome {
             Ok(()) => return Ok(()),
             Err(SinkStop::Log(e)) => return Err(stopped_for_good(&name, e)),
-            Err(SinkStop::Sink(e)) if crate::sink::is_permanent(&e) => {
-                return Err(stopped_for_good(&name, e));
+            Err(SinkStop::Sink(e)) => {
+                let permanent = e.is_permanent();
+                let e = anyhow::Error::new(e).context(format!("sink `{name}`"));
+                if permanent {
+                    return Err(stopped_for_good(&name, e));
+                }
+                e
             }
-            Err(SinkStop::Sink(e)) => e,
         };
         if *closing.borrow() {
             stopped_while_retrying(&name, &e);
@@ -495,13 +431,14 @@ fn stopped_while_retrying(name: &str, e: &anyhow::Error) {
 /// One run of a sink: a feeder thread per source reads the log from the
 /// sink's cursor into the sink's queue.
 async fn run_sink(
-    mut sink: Sink,
+    mut run: Box<dyn walbridge_sink::SinkRun>,
+    sink: &dyn Sink,
     name: &str,
-    inputs: &[SinkInput],
+    inputs: &[SourceLog],
     closing: watch::Receiver<bool>,
     progress_interval: Duration,
 ) -> Result<(), SinkStop> {
-    let starts = start_positions(&mut sink, name, inputs).await?;
+    let starts = run.resume(inputs).await.map_err(SinkStop::Sink)?;
     let (tx, rx) = mpsc::channel::<Routed>(SINK_QUEUE);
     let abort = Arc::new(watch::Sender::new(false));
     let mut feeders = Vec::new();
@@ -526,11 +463,15 @@ async fn run_sink(
         let thread = std::thread::Builder::new()
             .name(format!("feed-{name}"))
             .spawn(move || feeder.run(&handle))
-            .map_err(|e| SinkStop::Sink(anyhow!("sink `{name}`: cannot start a thread: {e}")))?;
+            .map_err(|e| {
+                SinkStop::Sink(SinkFailure::transient(format!(
+                    "cannot start a thread: {e}"
+                )))
+            })?;
         feeders.push(thread);
     }
     drop(tx);
-    let sink_result = sink.run(rx).await;
+    let sink_result = run.run(rx).await;
     abort.send_replace(true);
     let feeder_result = tokio::task::spawn_blocking(move || {
         feeders

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio_postgres::{Client, Statement};
 use walbridge_core::{Lsn, Oid, PgTimestamp, Relation, SourceEvent, TransactionInfo};
-use walbridge_log::{LogPosition, Routed, SourceContext};
+use walbridge_sink::{LogPosition, Routed, SourceContext};
 
 use crate::batch::{BatchKind, Batcher};
 use crate::config::PostgresSinkConfig;

@@ -11,9 +11,11 @@
 
 mod config;
 mod encoder;
+mod kind;
 
 pub use config::JsonlSinkConfig;
 pub use encoder::{Encoder, Position};
+pub use kind::KIND;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -22,12 +24,45 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use tokio::sync::mpsc;
 use walbridge_core::{SourceEvent, TransactionInfo};
-use walbridge_log::{CursorFile, CursorPosition, CursorState};
+use walbridge_log::{CursorFile, CursorPosition, CursorState, LogError};
+use walbridge_sink::{LogPosition, Routed, SourceContext};
 
-use super::{LogPosition, Routed, SourceContext};
+/// An error of the jsonl sink.
+#[derive(Debug, thiserror::Error)]
+pub enum JsonlError {
+    /// The output could not be opened, written or made durable.
+    #[error("{what}: {source}")]
+    Output {
+        /// What was being done, and to which path.
+        what: String,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// The output cannot be created where `path` says.
+    #[error("{0}")]
+    Path(String),
+    /// The sink's cursor could not be read or stored.
+    #[error(transparent)]
+    Cursor(#[from] LogError),
+    /// Snapshot rows in the log could not be read.
+    #[error("snapshot rows of {table} in the log: {source}")]
+    Rows {
+        /// The table.
+        table: String,
+        /// What is wrong with them.
+        source: walbridge_core::CopyTextError,
+    },
+}
+
+/// Names what failed, for an I/O error.
+fn output(what: impl FnOnce() -> String) -> impl FnOnce(std::io::Error) -> JsonlError {
+    move |source| JsonlError::Output {
+        what: what(),
+        source,
+    }
+}
 
 /// Bytes buffered before a write, also inside a burst.
 const WRITE_CHUNK: usize = 1 << 20;
@@ -47,7 +82,7 @@ enum Output {
 impl Output {
     /// Opens the output; a regular file is cut back to `resume_len` when it
     /// is longer (the tail was written after the cursor was last stored).
-    fn open(path: &str, resume_len: Option<u64>) -> anyhow::Result<Self> {
+    fn open(path: &str, resume_len: Option<u64>) -> Result<Self, JsonlError> {
         if path == "-" {
             return Ok(Output::Stdout(std::io::stdout()));
         }
@@ -56,10 +91,10 @@ impl Output {
             .read(true)
             .append(true)
             .open(path)
-            .with_context(|| format!("cannot open {path} for appending"))?;
+            .map_err(output(|| format!("cannot open {path} for appending")))?;
         let meta = file
             .metadata()
-            .with_context(|| format!("cannot stat {path}"))?;
+            .map_err(output(|| format!("cannot stat {path}")))?;
         if !meta.is_file() {
             return Ok(Output::Stream(file));
         }
@@ -72,7 +107,7 @@ impl Output {
                 );
                 file.set_len(len)
                     .and_then(|()| file.sync_data())
-                    .with_context(|| format!("cannot cut {path} back to {len} bytes"))?;
+                    .map_err(output(|| format!("cannot cut {path} back to {len} bytes")))?;
             }
             Some(len) if meta.len() < len => tracing::warn!(
                 path,
@@ -81,13 +116,12 @@ impl Output {
                 "the output file is shorter than when the cursor was stored (rotated or truncated?); appending"
             ),
             Some(_) => {}
-            None => {
-                cut_torn_line(&file).with_context(|| format!("cannot repair the end of {path}"))?
-            }
+            None => cut_torn_line(&file)
+                .map_err(output(|| format!("cannot repair the end of {path}")))?,
         }
         let len = file
             .metadata()
-            .with_context(|| format!("cannot stat {path}"))?
+            .map_err(output(|| format!("cannot stat {path}")))?
             .len();
         Ok(Output::File(file, len))
     }
@@ -158,15 +192,15 @@ struct SourceCursor {
     transaction: Option<Arc<TransactionInfo>>,
 }
 
-/// What the sink stores next to its positions.
-#[derive(serde::Serialize, serde::Deserialize)]
+/// What the sink stores next to its positions (`consumer` in the cursor).
+#[derive(serde::Deserialize)]
 struct ResumeData {
     output_len: u64,
 }
 
 /// What `walbridge check` reports: whether the output can be opened for
 /// appending, without creating or changing it.
-pub fn health_check(config: &JsonlSinkConfig) -> anyhow::Result<String> {
+pub fn health_check(config: &JsonlSinkConfig) -> Result<String, JsonlError> {
     if config.path == "-" {
         return Ok("writes to standard output".into());
     }
@@ -175,7 +209,7 @@ pub fn health_check(config: &JsonlSinkConfig) -> anyhow::Result<String> {
         File::options()
             .append(true)
             .open(path)
-            .with_context(|| format!("cannot open {} for appending: make it writable by the user walbridge runs as, or change `path`", path.display()))?;
+            .map_err(output(|| format!("cannot open {} for appending (make it writable by the user walbridge runs as, or change `path`)", path.display())))?;
         return Ok(format!("appends to {}", path.display()));
     }
     let dir = match path.parent() {
@@ -183,19 +217,19 @@ pub fn health_check(config: &JsonlSinkConfig) -> anyhow::Result<String> {
         _ => Path::new("."),
     };
     if !dir.is_dir() {
-        anyhow::bail!(
+        return Err(JsonlError::Path(format!(
             "the directory of `path` {} does not exist: create it (mkdir -p {}) or change `path`",
             path.display(),
             dir.display()
-        );
+        )));
     }
-    crate::data_dir::probe_writable(dir).with_context(|| {
+    walbridge_sink::probe_writable(dir).map_err(output(|| {
         format!(
-            "cannot create {}: make {} writable by the user walbridge runs as, or change `path`",
+            "cannot create {} (make {} writable by the user walbridge runs as, or change `path`)",
             path.display(),
             dir.display()
         )
-    })?;
+    }))?;
     Ok(format!("will create {}", path.display()))
 }
 
@@ -211,17 +245,13 @@ impl JsonlSink {
     /// Loads the cursor stored in `cursor_dir` and opens the output,
     /// cutting off what was written after the cursor was stored (the
     /// health check: a path that cannot be opened fails here).
-    pub fn open(config: JsonlSinkConfig, cursor_dir: &Path) -> anyhow::Result<Self> {
+    pub fn open(config: JsonlSinkConfig, cursor_dir: &Path) -> Result<Self, JsonlError> {
         let cursor_file = CursorFile::new(cursor_dir, &config.name);
-        let cursor = cursor_file
-            .load()
-            .with_context(|| format!("sink `{}`", config.name))?
-            .unwrap_or_default();
+        let cursor = cursor_file.load()?.unwrap_or_default();
         let resume_len = serde_json::from_value::<ResumeData>(cursor.consumer.clone())
             .ok()
             .map(|r| r.output_len);
-        let output = Output::open(&config.path, resume_len)
-            .with_context(|| format!("sink `{}`", config.name))?;
+        let output = Output::open(&config.path, resume_len)?;
         Ok(JsonlSink {
             config,
             output,
@@ -230,13 +260,8 @@ impl JsonlSink {
         })
     }
 
-    /// Where the sink's cursor says to go on reading `source`'s log.
-    pub fn stored_position(&self, source: &str) -> Option<&CursorPosition> {
-        self.cursor.positions.get(source)
-    }
-
     /// Writes every event from `events` until the channel closes.
-    pub fn run(mut self, mut events: mpsc::Receiver<Routed>) -> anyhow::Result<()> {
+    pub fn run(mut self, mut events: mpsc::Receiver<Routed>) -> Result<(), JsonlError> {
         let encoder = Encoder::new(&self.config.unchanged_toast_placeholder);
         let mut sources: HashMap<String, (Arc<SourceContext>, SourceCursor)> = HashMap::new();
         let mut positions: HashMap<String, LogPosition> = HashMap::new();
@@ -260,8 +285,7 @@ impl JsonlSink {
                 .entry(routed.source.name.clone())
                 .or_insert_with(|| (routed.source.clone(), SourceCursor::default()));
             for event in routed.events {
-                write_event(&encoder, &mut buffer, source, cursor, event)
-                    .with_context(|| format!("sink `{}`", self.config.name))?;
+                write_event(&encoder, &mut buffer, source, cursor, event)?;
             }
             if let Some(position) = routed.position {
                 positions.insert(routed.source.name.clone(), position);
@@ -284,10 +308,11 @@ impl JsonlSink {
         self.commit(&mut buffer, checkpoint.take(), &sources)
     }
 
-    fn write(&mut self, buffer: &mut Vec<u8>) -> anyhow::Result<()> {
+    fn write(&mut self, buffer: &mut Vec<u8>) -> Result<(), JsonlError> {
+        let path = &self.config.path;
         self.output
             .write_all(buffer)
-            .with_context(|| format!("sink `{}`: write failed", self.config.name))?;
+            .map_err(output(|| format!("cannot write to {path}")))?;
         buffer.clear();
         Ok(())
     }
@@ -299,14 +324,15 @@ impl JsonlSink {
         buffer: &mut Vec<u8>,
         checkpoint: Option<Checkpoint>,
         sources: &HashMap<String, (Arc<SourceContext>, SourceCursor)>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), JsonlError> {
         if buffer.is_empty() && checkpoint.is_none() {
             return Ok(());
         }
         self.write(buffer)?;
+        let path = &self.config.path;
         self.output
             .make_durable()
-            .with_context(|| format!("sink `{}`: flush failed", self.config.name))?;
+            .map_err(output(|| format!("cannot flush {path}")))?;
         let Some(checkpoint) = checkpoint else {
             return Ok(());
         };
@@ -322,13 +348,10 @@ impl JsonlSink {
             }
         }
         self.cursor.consumer = match checkpoint.output_len {
-            Some(output_len) => serde_json::to_value(ResumeData { output_len })
-                .with_context(|| format!("sink `{}`", self.config.name))?,
+            Some(output_len) => serde_json::json!({ "output_len": output_len }),
             None => serde_json::Value::Null,
         };
-        self.cursor_file
-            .store(&self.cursor)
-            .with_context(|| format!("sink `{}`: cannot store its cursor", self.config.name))?;
+        self.cursor_file.store(&self.cursor)?;
         for (name, position) in checkpoint.positions {
             if let Some((source, _)) = sources.get(&name) {
                 source.acked.send_replace(position);
@@ -352,7 +375,7 @@ fn write_event(
     source: &SourceContext,
     cursor: &mut SourceCursor,
     event: SourceEvent,
-) -> anyhow::Result<()> {
+) -> Result<(), JsonlError> {
     match event {
         SourceEvent::Snapshot(batch) => {
             let at = Position {
@@ -361,11 +384,9 @@ fn write_event(
                 transaction: None,
             };
             for row in batch.rows.rows(batch.relation.columns.len()) {
-                let row = row.with_context(|| {
-                    format!(
-                        "snapshot rows of {}.{} in the log",
-                        batch.relation.schema, batch.relation.name
-                    )
+                let row = row.map_err(|source| JsonlError::Rows {
+                    table: format!("{}.{}", batch.relation.schema, batch.relation.name),
+                    source,
                 })?;
                 encoder.snapshot_row(out, &at, &batch.relation, &row, batch.consistent_point);
             }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 use walbridge_core::{EventBatch, Lsn};
+use walbridge_log::Log;
 
 /// A position in a source's log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,4 +50,12 @@ pub struct Routed {
     /// end, and the position after it (the last one is `position`). A sink
     /// that commits at unit boundaries can commit at any of them.
     pub boundaries: Vec<(usize, LogPosition)>,
+}
+
+/// One source's log, as a sink resumes reading it.
+pub struct SourceLog {
+    /// The source.
+    pub context: Arc<SourceContext>,
+    /// Its log.
+    pub log: Log,
 }

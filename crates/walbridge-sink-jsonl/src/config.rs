@@ -26,15 +26,3 @@ pub struct JsonlSinkConfig {
     #[serde(default = "default_placeholder")]
     pub unchanged_toast_placeholder: String,
 }
-
-impl JsonlSinkConfig {
-    /// The default sink: every source to standard output.
-    pub fn stdout() -> Self {
-        JsonlSinkConfig {
-            name: "stdout".into(),
-            sources: None,
-            path: stdout_path(),
-            unchanged_toast_placeholder: default_placeholder(),
-        }
-    }
-}
