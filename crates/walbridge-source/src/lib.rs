@@ -8,10 +8,13 @@ pub mod assembler;
 pub mod catalog;
 pub mod checks;
 pub mod config;
+mod error;
+mod feedback;
 pub mod slot;
 pub mod snapshot;
 pub mod source;
 pub mod spill;
+mod state;
 pub mod wire;
 
 pub use config::SourceConfig;

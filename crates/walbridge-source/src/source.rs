@@ -1,135 +1,29 @@
 //! Running one source: prerequisite checks, slot, snapshot, stream.
 //!
-//! Positions reported to the publisher (the durability argument):
-//!
-//! * `flush` = the end LSN of the last transaction downstream reported
-//!   durable through [`Downstream::durable`] (walbridge's log). The
-//!   publisher may discard WAL before `flush`, so it never runs ahead of
-//!   durability. When nothing is open or undelivered, the keepalive's WAL
-//!   end is confirmed too, so an idle publication does not pin WAL.
-//! * `apply` = what every consumer has applied ([`Downstream::applied`]),
-//!   which `synchronous_commit = remote_apply` waits for.
-//! * `flush` never passes the prepare of a two-phase transaction still
-//!   waiting for COMMIT PREPARED: after a restart, the publisher must send
-//!   its changes again.
-//! * `write` = the furthest position received.
-//!
-//! Exactly once downstream: the publisher resends everything after the
-//! confirmed position (after a reconnect or a crash), and the source skips
-//! every transaction ending at or before [`Downstream::resume_after`] — the
-//! last position downstream already holds — or before the last one it
-//! emitted itself.
+//! The flush rule (what is confirmed to the publisher, and why) is in
+//! [`crate::feedback`].
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
-use walbridge_core::{EventBatch, Lsn, PgTimestamp, Relation, SourceEvent};
+use walbridge_core::{EventBatch, Lsn, Relation, SourceEvent};
 
-use crate::assembler::{Assembled, Assembler, AssemblyError, CommittedTransaction};
-use crate::catalog::{CatalogError, TypeCatalog, describe_table, published_tables};
+use crate::assembler::{Assembled, Assembler, CommittedTransaction};
+use crate::catalog::{TypeCatalog, describe_table, published_tables};
 use crate::checks::{Finding, Outlook, Severity, check_source, explain_connection_error};
 use crate::config::{OriginFilter, SourceConfig};
-use crate::pgoutput::{DecodeError, Decoder, Message};
+pub use crate::error::SourceError;
+use crate::feedback::Feedback;
+use crate::pgoutput::{Decoder, Message};
 use crate::slot::{self, SlotPersistence, SnapshotAction};
 use crate::snapshot::{SnapshotError, SnapshotProgress, copy_tables};
-use crate::spill::{self, SpillError};
-use crate::wire::copyboth::{CopyBothError, ServerMessage, StatusUpdate};
-use crate::wire::{
-    ConnParams, ConnectionError, CopyMessage, ParamsError, ReplicationConnection, connect_sql,
-};
+use crate::spill;
+pub use crate::state::SourceState;
+use crate::wire::copyboth::{ServerMessage, StatusUpdate};
+use crate::wire::{ConnParams, ConnectionError, CopyMessage, ReplicationConnection, connect_sql};
 use walbridge_pg::quote_ident;
-
-/// A source stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum SourceError {
-    /// The connection string is malformed.
-    #[error("source `{source_name}`: `connection`: {error}")]
-    Params {
-        /// Source name.
-        source_name: String,
-        /// Cause.
-        error: ParamsError,
-    },
-    /// Prerequisite checks failed.
-    #[error("{}", .0.iter().map(|f| f.message.clone()).collect::<Vec<_>>().join("\n"))]
-    Prerequisites(Vec<Finding>),
-    /// Connecting or talking to the publisher failed.
-    #[error("{0}")]
-    Connection(String, #[source] ConnectionError),
-    /// The slot walbridge should use is gone or unusable.
-    #[error("{0}")]
-    Slot(String),
-    /// The stream did not decode.
-    #[error("source `{0}`: {1}")]
-    Decode(String, DecodeError),
-    /// The stream broke pgoutput's rules.
-    #[error("source `{0}`: {1}")]
-    Assembly(String, AssemblyError),
-    /// A replication message was malformed.
-    #[error("source `{0}`: {1}")]
-    CopyBoth(String, CopyBothError),
-    /// Catalog lookups failed.
-    #[error("source `{0}`: {1}")]
-    Catalog(String, CatalogError),
-    /// The snapshot failed.
-    #[error("source `{0}`: {1}")]
-    Snapshot(String, SnapshotError),
-    /// Spilling failed.
-    #[error("source `{0}`: {1}")]
-    Spill(String, SpillError),
-    /// The state directory could not be used.
-    #[error("source `{0}`: state in {1}: {2}")]
-    State(String, PathBuf, std::io::Error),
-    /// Downstream (the log) stopped taking changes; its own error says why.
-    #[error("source `{0}`: the log stopped taking changes")]
-    DownstreamClosed(String),
-    /// A stop was requested while changes waited for room downstream.
-    #[error("source `{0}`: stopped while waiting for room in the log")]
-    Stopped(String),
-}
-
-impl SourceError {
-    /// True for failures that may go away by reconnecting (network, server
-    /// restart, a slot still held by a walsender going away): `run`
-    /// retries these, at start and mid-stream alike.
-    pub fn is_transient(&self) -> bool {
-        match self {
-            // Mid-stream, a slot still in use (55006) or no free WAL sender
-            // (53300) is our own walsender going away after a broken connection.
-            SourceError::Connection(_, e) => {
-                e.is_transient() || e.sqlstate().is_some_and(|s| s == "55006" || s == "53300")
-            }
-            // Every problem is an unreachable server.
-            SourceError::Prerequisites(findings) => findings
-                .iter()
-                .filter(|f| f.severity == Severity::Error)
-                .all(|f| f.outlook == Outlook::Unreachable),
-            SourceError::Snapshot(_, SnapshotError::Connection(_)) => true,
-            // The catalog connection broke (the server restarted, say).
-            SourceError::Catalog(_, CatalogError::Query { source, .. }) => {
-                source.is_closed() || source.code().is_none()
-            }
-            _ => false,
-        }
-    }
-
-    /// True when the publisher or the configuration must change before the
-    /// source can run: failed checks, a refused connection (credentials,
-    /// pg_hba.conf, privileges), a lost slot. The same at start and
-    /// mid-stream (a password changed on the server shows at the next
-    /// reconnect).
-    pub fn is_prerequisite(&self) -> bool {
-        match self {
-            SourceError::Slot(_) => true,
-            SourceError::Prerequisites(_) => !self.is_transient(),
-            SourceError::Connection(_, e) => e.is_refusal(),
-            _ => false,
-        }
-    }
-}
 
 /// How the initial copy ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,46 +70,6 @@ pub struct Downstream {
     pub resume_after: Lsn,
 }
 
-/// What the source remembers between runs (`data_dir/sources/<name>/state.json`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SourceState {
-    /// The slot walbridge created for this source.
-    pub slot: String,
-    /// The slot's consistent point.
-    pub consistent_point: String,
-    /// The snapshot was fully delivered downstream.
-    pub snapshot_complete: bool,
-}
-
-impl SourceState {
-    fn path(dir: &Path) -> PathBuf {
-        dir.join("state.json")
-    }
-
-    /// Reads the state, `None` if there is none.
-    pub fn load(dir: &Path) -> std::io::Result<Option<Self>> {
-        match std::fs::read(Self::path(dir)) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Writes the state atomically (temporary file, fsync, rename, fsync of the directory).
-    pub fn store(&self, dir: &Path) -> std::io::Result<()> {
-        use std::io::Write;
-        std::fs::create_dir_all(dir)?;
-        let tmp = dir.join("state.json.tmp");
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, Self::path(dir))?;
-        std::fs::File::open(dir)?.sync_all()
-    }
-}
-
 /// Shared, live view of a source for status and metrics.
 #[derive(Debug, Default)]
 pub struct SourceStats {
@@ -235,18 +89,6 @@ pub struct Source {
     params: ConnParams,
     state_dir: PathBuf,
     stats: Arc<SourceStats>,
-}
-
-/// The positions the stream loop tracks.
-#[derive(Debug)]
-struct Positions {
-    received: Lsn,
-    last_emitted_end: Lsn,
-    keepalive_end: Lsn,
-    reported_flush: Lsn,
-    applied: watch::Receiver<Lsn>,
-    /// The current connection reached streaming (resets the reconnect backoff).
-    streamed: bool,
 }
 
 impl Source {
@@ -381,14 +223,7 @@ impl Source {
         spill::clear_dir(&spill_dir)
             .map_err(|e| SourceError::Spill(self.config.name.clone(), e))?;
         let mut assembler = Assembler::new(spill_dir, self.config.spill_threshold.0 as usize);
-        let mut positions = Positions {
-            received: Lsn::ZERO,
-            last_emitted_end: resume_after,
-            keepalive_end: Lsn::ZERO,
-            reported_flush: Lsn::ZERO,
-            applied,
-            streamed: false,
-        };
+        let mut feedback = Feedback::new(resume_after, applied);
         let mut checked = false;
         let mut backoff = FIRST_BACKOFF;
         loop {
@@ -405,14 +240,14 @@ impl Source {
                         &mut flushed,
                         &mut shutdown,
                         &mut assembler,
-                        &mut positions,
+                        &mut feedback,
                     )
                     .await
                 }
                 Err(e) => Err(e),
             };
             assembler.reset();
-            if std::mem::take(&mut positions.streamed) {
+            if std::mem::take(&mut feedback.streamed) {
                 backoff = FIRST_BACKOFF;
             }
             match result {
@@ -469,7 +304,7 @@ impl Source {
         flushed: &mut watch::Receiver<Lsn>,
         shutdown: &mut watch::Receiver<bool>,
         assembler: &mut Assembler,
-        positions: &mut Positions,
+        feedback: &mut Feedback,
     ) -> Result<(), SourceError> {
         let name = &self.config.name;
         let slot_name = self.config.slot_name();
@@ -518,7 +353,7 @@ impl Source {
             }
             (Some(_), _) => {}
         }
-        self.stream(conn, events, flushed, shutdown, assembler, positions)
+        self.stream(conn, events, flushed, shutdown, assembler, feedback)
             .await
     }
 
@@ -677,47 +512,22 @@ impl Source {
         )
     }
 
-    fn status(
-        &self,
-        positions: &mut Positions,
-        flushed: Lsn,
-        assembler: &Assembler,
-    ) -> StatusUpdate {
-        let mut flush = flushed;
-        let idle = !assembler.in_transaction() && flushed >= positions.last_emitted_end;
-        if idle {
-            flush = flush.max(positions.keepalive_end);
-        }
-        if let Some(prepare) = assembler.oldest_pending_prepare() {
-            flush = flush.min(Lsn(prepare.0.saturating_sub(1)));
-        }
-        flush = flush.max(positions.reported_flush);
-        positions.reported_flush = flush;
-        self.stats
-            .confirmed
-            .store(flush.0, std::sync::atomic::Ordering::Relaxed);
-        let write = positions.received.max(flush);
-        // Consumers that applied everything durable have applied up to `flush`.
-        let applied = *positions.applied.borrow();
-        let apply = if applied >= flushed { flush } else { applied };
-        StatusUpdate {
-            write,
-            flush,
-            apply,
-            time: PgTimestamp::now(),
-            reply_requested: false,
-        }
-    }
-
-    /// Sends a status update with the current positions.
+    /// Sends a status update with the current feedback.
     async fn send_status(
         &self,
         conn: &mut ReplicationConnection,
-        positions: &mut Positions,
+        feedback: &mut Feedback,
         flushed: Lsn,
         assembler: &Assembler,
     ) -> Result<StatusUpdate, SourceError> {
-        let status = self.status(positions, flushed, assembler);
+        let status = feedback.status(
+            flushed,
+            assembler.in_transaction(),
+            assembler.oldest_pending_prepare(),
+        );
+        self.stats
+            .confirmed
+            .store(status.flush.0, std::sync::atomic::Ordering::Relaxed);
         conn.send_copy_data(status.encode())
             .await
             .map_err(|e| self.err(e))?;
@@ -731,7 +541,7 @@ impl Source {
         flushed: &mut watch::Receiver<Lsn>,
         shutdown: &mut watch::Receiver<bool>,
         assembler: &mut Assembler,
-        positions: &mut Positions,
+        feedback: &mut Feedback,
     ) -> Result<(), SourceError> {
         let name = self.config.name.clone();
         let command = self.start_command(conn.server_version_num());
@@ -743,7 +553,7 @@ impl Source {
             .await
             .map_err(|e| self.err(e))?;
         tracing::info!(source = %name, slot = %self.config.slot_name(), "streaming changes");
-        positions.streamed = true;
+        feedback.streamed = true;
         let mut decoder = Decoder::new();
         let mut types = TypeCatalog::new();
         let mut ticker = tokio::time::interval(Duration::from_secs(self.config.status_interval));
@@ -753,19 +563,19 @@ impl Source {
             t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             t
         });
-        let mut applied = positions.applied.clone();
+        let mut applied = feedback.applied.clone();
         // Progress is reported promptly but coalesced: one status update
         // per STATUS_GAP at most, however often the log or the sinks move.
         let mut status_due = None;
         let mut last_status = tokio::time::Instant::now();
         loop {
             if *shutdown.borrow_and_update() {
-                return self.finish(conn, flushed, assembler, positions).await;
+                return self.finish(conn, flushed, assembler, feedback).await;
             }
             let burst = tokio::select! {
                 biased;
                 _ = shutdown.changed() => {
-                    return self.finish(conn, flushed, assembler, positions).await;
+                    return self.finish(conn, flushed, assembler, feedback).await;
                 }
                 message = conn.recv_copy() => Some(message),
                 // The log failed: stop now, not at the next change (a quiet
@@ -783,12 +593,12 @@ impl Source {
                     status_due = None;
                     last_status = tokio::time::Instant::now();
                     let acked = *flushed.borrow();
-                    self.send_status(&mut conn, positions, acked, assembler).await?;
+                    self.send_status(&mut conn, feedback, acked, assembler).await?;
                     None
                 }
                 _ = ticker.tick() => {
                     let acked = *flushed.borrow();
-                    self.send_status(&mut conn, positions, acked, assembler).await?;
+                    self.send_status(&mut conn, feedback, acked, assembler).await?;
                     None
                 }
                 _ = async {
@@ -822,21 +632,21 @@ impl Source {
                         reply_requested,
                         ..
                     } => {
-                        positions.keepalive_end = positions.keepalive_end.max(wal_end);
-                        positions.received = positions.received.max(wal_end);
+                        feedback.keepalive_end = feedback.keepalive_end.max(wal_end);
+                        feedback.received = feedback.received.max(wal_end);
                         if reply_requested {
                             let acked = *flushed.borrow();
-                            self.send_status(&mut conn, positions, acked, assembler)
+                            self.send_status(&mut conn, feedback, acked, assembler)
                                 .await?;
                         }
                     }
                     ServerMessage::XLogData {
                         wal_start, data, ..
                     } => {
-                        positions.received = positions.received.max(wal_start);
+                        feedback.received = feedback.received.max(wal_start);
                         self.stats
                             .received
-                            .store(positions.received.0, std::sync::atomic::Ordering::Relaxed);
+                            .store(feedback.received.0, std::sync::atomic::Ordering::Relaxed);
                         let message = decoder
                             .decode(data)
                             .map_err(|e| SourceError::Decode(name.clone(), e))?;
@@ -860,24 +670,23 @@ impl Source {
                             Assembled::Message(m) => {
                                 // Downstream records a message just past its LSN.
                                 let end = Lsn(m.lsn.0.saturating_add(1));
-                                if m.prefix != HEARTBEAT_PREFIX && end > positions.last_emitted_end
-                                {
+                                if m.prefix != HEARTBEAT_PREFIX && end > feedback.last_emitted_end {
                                     self.deliver(
                                         &mut conn,
                                         events,
                                         flushed,
                                         shutdown,
                                         assembler,
-                                        positions,
+                                        feedback,
                                         vec![SourceEvent::Message(m)],
                                     )
                                     .await?;
-                                    positions.last_emitted_end = end;
+                                    feedback.last_emitted_end = end;
                                 }
                             }
                             Assembled::Committed(txn) => {
                                 self.emit(
-                                    &mut conn, events, flushed, shutdown, assembler, positions, txn,
+                                    &mut conn, events, flushed, shutdown, assembler, feedback, txn,
                                 )
                                 .await?
                             }
@@ -902,11 +711,11 @@ impl Source {
         flushed: &watch::Receiver<Lsn>,
         shutdown: &watch::Receiver<bool>,
         assembler: &Assembler,
-        positions: &mut Positions,
+        feedback: &mut Feedback,
         txn: CommittedTransaction,
     ) -> Result<(), SourceError> {
         let name = &self.config.name;
-        if txn.info.end_lsn <= positions.last_emitted_end {
+        if txn.info.end_lsn <= feedback.last_emitted_end {
             // Already handed downstream before a reconnect.
             return Ok(());
         }
@@ -923,14 +732,14 @@ impl Source {
             ));
             if batch.len() >= MAX_BATCH {
                 let full = std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH));
-                self.deliver(conn, events, flushed, shutdown, assembler, positions, full)
+                self.deliver(conn, events, flushed, shutdown, assembler, feedback, full)
                     .await?;
             }
         }
         batch.push(SourceEvent::Commit(info.clone()));
-        self.deliver(conn, events, flushed, shutdown, assembler, positions, batch)
+        self.deliver(conn, events, flushed, shutdown, assembler, feedback, batch)
             .await?;
-        positions.last_emitted_end = info.end_lsn;
+        feedback.last_emitted_end = info.end_lsn;
         self.stats
             .transactions
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -949,7 +758,7 @@ impl Source {
         flushed: &watch::Receiver<Lsn>,
         shutdown: &watch::Receiver<bool>,
         assembler: &Assembler,
-        positions: &mut Positions,
+        feedback: &mut Feedback,
         batch: EventBatch,
     ) -> Result<(), SourceError> {
         let name = &self.config.name;
@@ -966,7 +775,7 @@ impl Source {
                 }
                 _ = tokio::time::sleep(Duration::from_secs(self.config.status_interval)) => {
                     let acked = *flushed.borrow();
-                    self.send_status(conn, positions, acked, assembler).await?;
+                    self.send_status(conn, feedback, acked, assembler).await?;
                 }
             }
         }
@@ -977,11 +786,11 @@ impl Source {
         mut conn: ReplicationConnection,
         flushed: &mut watch::Receiver<Lsn>,
         assembler: &Assembler,
-        positions: &mut Positions,
+        feedback: &mut Feedback,
     ) -> Result<(), SourceError> {
         // Give the consumers a moment to make what they received durable,
         // so the final status update confirms as much as possible.
-        let target = positions.last_emitted_end;
+        let target = feedback.last_emitted_end;
         let wait = async {
             while *flushed.borrow() < target {
                 if flushed.changed().await.is_err() {
@@ -992,7 +801,7 @@ impl Source {
         let _ = tokio::time::timeout(Duration::from_secs(10), wait).await;
         let acked = *flushed.borrow();
         let s = self
-            .send_status(&mut conn, positions, acked, assembler)
+            .send_status(&mut conn, feedback, acked, assembler)
             .await?;
         conn.finish_copy_both().await.map_err(|e| self.err(e))?;
         conn.close().await;
