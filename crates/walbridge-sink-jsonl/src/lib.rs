@@ -265,14 +265,14 @@ impl JsonlSink {
         let encoder = Encoder::new(&self.config.unchanged_toast_placeholder);
         let mut sources: HashMap<String, (Arc<SourceContext>, SourceCursor)> = HashMap::new();
         let mut positions: HashMap<String, LogPosition> = HashMap::new();
-        let mut checkpoint = None;
+        let mut next_cursor = None;
         let mut buffer = Vec::with_capacity(2 * WRITE_CHUNK);
         let mut last_commit = Instant::now();
         loop {
             let routed = match events.try_recv() {
                 Ok(r) => r,
                 Err(mpsc::error::TryRecvError::Empty) => {
-                    self.commit(&mut buffer, checkpoint.take(), &sources)?;
+                    self.commit(&mut buffer, next_cursor.take(), &sources)?;
                     last_commit = Instant::now();
                     match events.blocking_recv() {
                         Some(r) => r,
@@ -291,7 +291,7 @@ impl JsonlSink {
                 positions.insert(routed.source.name.clone(), position);
                 // A cut the cursor can describe: no source is inside a transaction.
                 if sources.values().all(|(_, c)| c.transaction.is_none()) {
-                    checkpoint = Some(Checkpoint {
+                    next_cursor = Some(NextCursor {
                         output_len: self.output.resume_len().map(|l| l + buffer.len() as u64),
                         positions: positions.clone(),
                     });
@@ -301,11 +301,11 @@ impl JsonlSink {
                 self.write(&mut buffer)?;
             }
             if last_commit.elapsed() >= COMMIT_INTERVAL {
-                self.commit(&mut buffer, checkpoint.take(), &sources)?;
+                self.commit(&mut buffer, next_cursor.take(), &sources)?;
                 last_commit = Instant::now();
             }
         }
-        self.commit(&mut buffer, checkpoint.take(), &sources)
+        self.commit(&mut buffer, next_cursor.take(), &sources)
     }
 
     fn write(&mut self, buffer: &mut Vec<u8>) -> Result<(), JsonlError> {
@@ -317,15 +317,15 @@ impl JsonlSink {
         Ok(())
     }
 
-    /// Makes everything written durable, stores the cursor at `checkpoint`,
+    /// Makes everything written durable, stores `next_cursor`,
     /// then acknowledges its positions.
     fn commit(
         &mut self,
         buffer: &mut Vec<u8>,
-        checkpoint: Option<Checkpoint>,
+        next_cursor: Option<NextCursor>,
         sources: &HashMap<String, (Arc<SourceContext>, SourceCursor)>,
     ) -> Result<(), JsonlError> {
-        if buffer.is_empty() && checkpoint.is_none() {
+        if buffer.is_empty() && next_cursor.is_none() {
             return Ok(());
         }
         self.write(buffer)?;
@@ -333,10 +333,10 @@ impl JsonlSink {
         self.output
             .make_durable()
             .map_err(output(|| format!("cannot flush {path}")))?;
-        let Some(checkpoint) = checkpoint else {
+        let Some(next_cursor) = next_cursor else {
             return Ok(());
         };
-        for (name, position) in &checkpoint.positions {
+        for (name, position) in &next_cursor.positions {
             if let Some((source, _)) = sources.get(name) {
                 self.cursor.positions.insert(
                     name.clone(),
@@ -347,12 +347,12 @@ impl JsonlSink {
                 );
             }
         }
-        self.cursor.consumer = match checkpoint.output_len {
+        self.cursor.consumer = match next_cursor.output_len {
             Some(output_len) => serde_json::json!({ "output_len": output_len }),
             None => serde_json::Value::Null,
         };
         self.cursor_file.store(&self.cursor)?;
-        for (name, position) in checkpoint.positions {
+        for (name, position) in next_cursor.positions {
             if let Some((source, _)) = sources.get(&name) {
                 source.acked.send_replace(position);
             }
@@ -361,8 +361,8 @@ impl JsonlSink {
     }
 }
 
-/// A point in the output the cursor can be stored at.
-struct Checkpoint {
+/// The cursor to store next: a point in the output it can describe.
+struct NextCursor {
     /// Bytes of output up to the point (for a file).
     output_len: Option<u64>,
     /// Every source's position at the point.

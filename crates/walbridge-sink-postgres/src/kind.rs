@@ -105,7 +105,7 @@ struct Opened {
 
 impl Sink for Opened {
     fn stored_cursor(&self, source: &str) -> Option<CursorPosition> {
-        self.handle.sink().stored_position(source)
+        self.handle.sink().stored_cursor(source)
     }
 
     /// A unit is applied in one target transaction that commits only at

@@ -78,8 +78,8 @@ impl PostgresSink {
 
     /// The log position last stored for `source` (it trails the target's
     /// own position; it holds back log retention until a run resumes).
-    pub fn stored_position(&self, source: &str) -> Option<CursorPosition> {
-        self.state.position(source)
+    pub fn stored_cursor(&self, source: &str) -> Option<CursorPosition> {
+        self.state.cursor(source)
     }
 
     /// The transactions the sink is stopped on, per source.

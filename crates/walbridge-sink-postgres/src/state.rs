@@ -70,8 +70,8 @@ impl SinkState {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The stored log position for `source`.
-    pub fn position(&self, source: &str) -> Option<CursorPosition> {
+    /// The cursor stored for `source`.
+    pub fn cursor(&self, source: &str) -> Option<CursorPosition> {
         self.lock().cursor.positions.get(source).cloned()
     }
 
