@@ -1,10 +1,5 @@
-//! The `walbridge` command.
-
-mod config;
-mod data_dir;
-mod log_config;
-mod pipeline;
-mod report;
+//! The `walbridge` command: a thin CLI over the runtime
+//! (`walbridge-runtime`) and the sink kinds it registers.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -16,8 +11,8 @@ use walbridge_sink::{CheckScope, SinkKind, reads};
 use walbridge_source::Source;
 use walbridge_source::checks::{Outlook, Severity};
 
-use crate::config::Config;
-use crate::report::describe;
+use walbridge_runtime::report::describe;
+use walbridge_runtime::{Config, RuntimeError, data_dir, pipeline};
 
 /// Every sink kind, by its `type`: a new sink is a crate and a line here.
 pub static SINK_KINDS: &[&dyn SinkKind] = &[
@@ -147,7 +142,7 @@ impl From<anyhow::Error> for Failure {
 fn load(path: &std::path::Path) -> Result<Config, Failure> {
     Config::load(path, SINK_KINDS).map_err(|error| Failure {
         code: EXIT_CONFIG,
-        error,
+        error: error.into(),
     })
 }
 
@@ -223,8 +218,11 @@ async fn check(path: &std::path::Path) -> Result<(), Failure> {
         }
         errors += health.problems.len();
         for problem in health.problems {
-            let problem = anyhow::Error::from_boxed(problem);
-            eprintln!("error: sink `{}`: {}", sink.name(), describe(&problem));
+            eprintln!(
+                "error: sink `{}`: {}",
+                sink.name(),
+                describe(problem.as_ref())
+            );
         }
     }
     if errors > 0 {
@@ -338,19 +336,12 @@ async fn run_pipeline(path: &std::path::Path) -> Result<(), Failure> {
             error: anyhow::Error::new(e).context(format!("sink `{}`", sink.name())),
         })?;
     }
-    pipeline::run(config).await.map_err(|error| {
-        let prerequisite = error.chain().any(|c| {
-            c.downcast_ref::<walbridge_source::SourceError>()
-                .is_some_and(walbridge_source::SourceError::is_prerequisite)
-        });
-        Failure {
-            code: if prerequisite {
-                EXIT_PREREQUISITE
-            } else {
-                EXIT_FAILURE
-            },
-            error,
-        }
+    pipeline::run(config).await.map_err(|error| Failure {
+        code: match &error {
+            RuntimeError::Source(e) if e.is_prerequisite() => EXIT_PREREQUISITE,
+            _ => EXIT_FAILURE,
+        },
+        error: error.into(),
     })
 }
 
@@ -389,7 +380,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure { code, error }) => {
-            let message = describe(&error);
+            let message = describe(error.as_ref());
             // A message of several lines (the TOML parser's, with the place
             // it points at; several configuration problems) is shown as
             // written, then summed up in the one final line.

@@ -5,13 +5,24 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
 use serde::Deserialize;
 use walbridge_core::DurationText;
 use walbridge_sink::{ConfigContext, SinkConfig, SinkKind};
 use walbridge_source::SourceConfig;
 
 use crate::log_config::LogConfig;
+
+/// What is wrong with the configuration: every problem found, a line each.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(String);
+
+/// Fails with `message`.
+macro_rules! bail {
+    ($($message:tt)*) => {
+        return Err(ConfigError(format!($($message)*)))
+    };
+}
 
 /// The whole configuration.
 #[derive(Debug, Clone)]
@@ -80,11 +91,15 @@ impl RegistryServerConfig {
 impl Config {
     /// Reads, expands and validates the file at `path`; `kinds` read the
     /// `[[sink]]` tables.
-    pub fn load(path: &Path, kinds: &[&dyn SinkKind]) -> anyhow::Result<Config> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read configuration file {}", path.display()))?;
+    pub fn load(path: &Path, kinds: &[&dyn SinkKind]) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError(format!(
+                "cannot read configuration file {}: {e}",
+                path.display()
+            ))
+        })?;
         Self::parse(&text, |name| std::env::var(name).ok(), kinds)
-            .with_context(|| format!("configuration file {}", path.display()))
+            .map_err(|e| ConfigError(format!("configuration file {}: {}", path.display(), e.0)))
     }
 
     /// Parses configuration text, expanding `${VAR}` with `env`.
@@ -92,10 +107,10 @@ impl Config {
         text: &str,
         env: impl Fn(&str) -> Option<String>,
         kinds: &[&dyn SinkKind],
-    ) -> anyhow::Result<Config> {
+    ) -> Result<Config, ConfigError> {
         let expanded = expand_env(text, env)?;
         let mut file: File = toml::from_str(&expanded)
-            .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+            .map_err(|e| ConfigError(e.to_string().trim_end().to_owned()))?;
         for source in &mut file.sources {
             source.progress_interval = file.progress_interval.0;
         }
@@ -132,7 +147,7 @@ impl Config {
         Ok(config)
     }
 
-    fn validate(&self) -> anyhow::Result<()> {
+    fn validate(&self) -> Result<(), ConfigError> {
         let mut problems = self.log.validate();
         if self.sources.is_empty() {
             problems.push("no [[source]] is configured".to_owned());
@@ -190,7 +205,7 @@ fn configure_sink(
     mut table: toml::Table,
     kinds: &[&dyn SinkKind],
     context: &ConfigContext,
-) -> anyhow::Result<Arc<dyn SinkConfig>> {
+) -> Result<Arc<dyn SinkConfig>, ConfigError> {
     let kind = match table.remove("type") {
         Some(toml::Value::String(kind)) => kind,
         Some(other) => bail!("`type` must be a string, not a {}", other.type_str()),
@@ -211,7 +226,7 @@ fn configure_sink_of_kind(
     table: toml::Table,
     kinds: &[&dyn SinkKind],
     context: &ConfigContext,
-) -> anyhow::Result<Arc<dyn SinkConfig>> {
+) -> Result<Arc<dyn SinkConfig>, ConfigError> {
     let Some(reader) = kinds.iter().find(|k| k.kind() == kind) else {
         bail!(
             "unknown sink `type` \"{kind}\": one of {}",
@@ -229,12 +244,12 @@ fn configure_sink_of_kind(
         .unwrap_or_default();
     reader
         .configure(table, context)
-        .map_err(|e| anyhow::anyhow!("{name}{}", e.trim_end()))
+        .map_err(|e| ConfigError(format!("{name}{}", e.trim_end())))
 }
 
 /// Replaces `${NAME}` with the variable's value (escaped for TOML basic
 /// strings); `$${` stands for a literal `${`. An unset variable is an error.
-pub fn expand_env(text: &str, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<String> {
+pub fn expand_env(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<String, ConfigError> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(pos) = rest.find('$') {
@@ -244,11 +259,11 @@ pub fn expand_env(text: &str, env: impl Fn(&str) -> Option<String>) -> anyhow::R
             out.push_str("${");
             rest = tail;
         } else if let Some(tail) = after.strip_prefix("${") {
-            let end = tail.find('}').with_context(|| {
-                format!(
+            let end = tail.find('}').ok_or_else(|| {
+                ConfigError(format!(
                     "unterminated `${{` on line {}",
                     text[..text.len() - rest.len() + pos].lines().count().max(1)
-                )
+                ))
             })?;
             let name = &tail[..end];
             let line = text[..text.len() - rest.len() + pos].matches('\n').count() + 1;
@@ -257,8 +272,11 @@ pub fn expand_env(text: &str, env: impl Fn(&str) -> Option<String>) -> anyhow::R
                     "line {line}: `${{{name}}}` is not a variable reference (names are letters, digits and _)"
                 );
             }
-            let value = env(name)
-                .with_context(|| format!("line {line}: environment variable {name} is not set"))?;
+            let value = env(name).ok_or_else(|| {
+                ConfigError(format!(
+                    "line {line}: environment variable {name} is not set"
+                ))
+            })?;
             out.push_str(&value.replace('\\', "\\\\").replace('"', "\\\""));
             rest = &tail[end + 1..];
         } else {
@@ -273,6 +291,12 @@ pub fn expand_env(text: &str, env: impl Fn(&str) -> Option<String>) -> anyhow::R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    static KINDS: &[&dyn SinkKind] = &[
+        &walbridge_sink_postgres::KIND,
+        &walbridge_sink_kafka::KIND,
+        &walbridge_sink_jsonl::KIND,
+    ];
 
     fn env(name: &str) -> Option<String> {
         match name {
@@ -292,7 +316,7 @@ publications = ["p"]
 
     #[test]
     fn expands_variables_and_defaults_to_stdout() {
-        let c = Config::parse(BASE, env, crate::SINK_KINDS).unwrap_or_else(|e| panic!("{e:#}"));
+        let c = Config::parse(BASE, env, KINDS).unwrap_or_else(|e| panic!("{e:#}"));
         assert_eq!(c.sources[0].connection, "host=db1 password=se\"cret");
         assert_eq!(c.sources[0].slot_name(), "walbridge_shop");
         assert_eq!(c.sinks.len(), 1);
@@ -311,7 +335,7 @@ publications = ["p"]
         let c = Config::parse(
             &text,
             |v| matches!(v, "WALBRIDGE_PASSWORD" | "REPLICA_PASSWORD").then(|| "pw".to_owned()),
-            crate::SINK_KINDS,
+            KINDS,
         )
         .unwrap_or_else(|e| panic!("{e:#}"));
         assert_eq!(c.sources[0].publications, ["app_pub"]);
@@ -323,7 +347,7 @@ publications = ["p"]
         let err = |text: &str| {
             format!(
                 "{:#}",
-                Config::parse(text, env, crate::SINK_KINDS)
+                Config::parse(text, env, KINDS)
                     .err()
                     .unwrap_or_else(|| panic!("accepted: {text}"))
             )

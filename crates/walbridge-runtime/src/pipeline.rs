@@ -16,7 +16,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, anyhow};
 use futures_util::future::select_all;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
@@ -28,6 +27,7 @@ use walbridge_sink::{
 use walbridge_source::{Downstream, Source};
 
 use crate::config::Config;
+use crate::error::RuntimeError;
 use crate::report::describe;
 
 /// Event batches (up to 256 events each) queued between a source and its log.
@@ -61,7 +61,7 @@ struct SourceRun {
 }
 
 /// Runs until SIGINT/SIGTERM (exit cleanly) or a permanent failure.
-pub async fn run(config: Config) -> anyhow::Result<()> {
+pub async fn run(config: Config) -> Result<(), RuntimeError> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let signals = tokio::spawn(wait_for_signal(shutdown_tx.clone()));
     let options = config.log.options();
@@ -84,8 +84,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
         let source = Source::new(source_config.clone(), &config.data_dir)?;
         let dir = source.state_dir().join("log");
-        let (log, writer, _) = Log::open(&dir, options.clone())
-            .with_context(|| format!("source `{}`", source_config.name))?;
+        let (log, writer, _) =
+            Log::open(&dir, options.clone()).map_err(|error| RuntimeError::Log {
+                source_name: source_config.name.clone(),
+                error,
+            })?;
         runs.push(SourceRun {
             source,
             log,
@@ -101,9 +104,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut sinks = Vec::new();
     for sink_config in &config.sinks {
         let name = sink_config.name();
-        let sink: Arc<dyn Sink> = sink_config
-            .open(&cursor_dir)
-            .map_err(|e| anyhow::Error::new(e).context(format!("sink `{name}`")))?;
+        let sink: Arc<dyn Sink> =
+            sink_config
+                .open(&cursor_dir)
+                .map_err(|error| RuntimeError::Sink {
+                    sink: name.to_owned(),
+                    error,
+                })?;
         let mut inputs = Vec::new();
         for run in runs
             .iter_mut()
@@ -180,14 +187,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             source
                 .run(downstream, shutdown)
                 .await
-                .map_err(|e| anyhow!(e))
+                .map_err(RuntimeError::Source)
         });
     }
 
     let mut failure = None;
     while let Some(joined) = sources.join_next().await {
         let result = joined
-            .map_err(|e| anyhow!("source task failed: {e}"))
+            .map_err(|e| RuntimeError::Task(format!("a source's task failed: {e}")))
             .and_then(|r| r);
         if let Err(e) = result
             && failure.is_none()
@@ -200,8 +207,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     for (name, task) in appenders {
         let result = task
             .await
-            .map_err(|e| anyhow!("the log appender of source `{name}` panicked: {e}"))
-            .and_then(|r| r.with_context(|| format!("source `{name}`: log")));
+            .map_err(|e| {
+                RuntimeError::Task(format!("the log appender of source `{name}` panicked: {e}"))
+            })
+            .and_then(|r| {
+                r.map_err(|error| RuntimeError::Log {
+                    source_name: name.clone(),
+                    error,
+                })
+            });
         if let Err(e) = result {
             // A log failure is the root cause of the source's "output closed".
             failure = Some(e);
@@ -214,7 +228,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         for (name, task) in sinks {
             let result = task
                 .await
-                .map_err(|e| anyhow!("sink `{name}` panicked: {e}"))
+                .map_err(|e| RuntimeError::Task(format!("sink `{name}` panicked: {e}")))
                 .and_then(|r| r);
             if let Err(e) = result {
                 sink_failure.get_or_insert(e);
@@ -316,15 +330,25 @@ async fn track_acks(
 async fn serve_registry(
     registry: &crate::config::RegistryServerConfig,
     data_dir: &Path,
-) -> anyhow::Result<AbortOnDrop> {
+) -> Result<AbortOnDrop, RuntimeError> {
+    let failed = |what: String| {
+        move |e: std::io::Error| RuntimeError::Registry {
+            what,
+            error: e.into(),
+        }
+    };
     let listener = tokio::net::TcpListener::bind(registry.listen)
         .await
-        .with_context(|| format!("[schema_registry] cannot listen on {}", registry.listen))?;
+        .map_err(failed(format!("cannot listen on {}", registry.listen)))?;
     std::fs::create_dir_all(data_dir)
-        .with_context(|| format!("cannot create {}", data_dir.display()))?;
+        .map_err(failed(format!("cannot create {}", data_dir.display())))?;
     let path = data_dir.join("schema-registry.json");
-    let router = walbridge_sink_kafka::registry::server::router(&path)
-        .context("[schema_registry] cannot load its schemas")?;
+    let router = walbridge_sink_kafka::registry::server::router(&path).map_err(|e| {
+        RuntimeError::Registry {
+            what: "cannot load its schemas".into(),
+            error: e.into(),
+        }
+    })?;
     tracing::info!(listen = %registry.listen, "schema registry serving");
     let task = tokio::spawn(async move {
         if let Err(e) = walbridge_sink_kafka::registry::server::serve(listener, router).await {
@@ -346,7 +370,7 @@ impl Drop for AbortOnDrop {
 /// Why one run of a sink ended.
 enum SinkStop {
     /// Reading the log failed: corruption, a position removed, the sink dropped. Retrying cannot help.
-    Log(anyhow::Error),
+    Log(RuntimeError),
     /// The sink failed; it is retried unless the failure is permanent.
     Sink(SinkFailure),
 }
@@ -359,7 +383,7 @@ async fn supervise(
     inputs: Vec<SourceLog>,
     closing: watch::Receiver<bool>,
     progress_interval: Duration,
-) -> anyhow::Result<()> {
+) -> Result<(), RuntimeError> {
     let mut backoff = FIRST_BACKOFF;
     loop {
         let started = std::time::Instant::now();
@@ -385,9 +409,12 @@ async fn supervise(
         let e = match outcome {
             Ok(()) => return Ok(()),
             Err(SinkStop::Log(e)) => return Err(stopped_for_good(&name, e)),
-            Err(SinkStop::Sink(e)) => {
-                let permanent = e.is_permanent();
-                let e = anyhow::Error::new(e).context(format!("sink `{name}`"));
+            Err(SinkStop::Sink(error)) => {
+                let permanent = error.is_permanent();
+                let e = RuntimeError::Sink {
+                    sink: name.clone(),
+                    error,
+                };
                 if permanent {
                     return Err(stopped_for_good(&name, e));
                 }
@@ -417,14 +444,14 @@ async fn supervise(
 
 /// A sink stopped by a failure no retry cures: said once, as an error; the
 /// run's exit status reports it when the process stops.
-fn stopped_for_good(name: &str, e: anyhow::Error) -> anyhow::Error {
+fn stopped_for_good(name: &str, e: RuntimeError) -> RuntimeError {
     tracing::error!(sink = %name, "{}; the sink stopped (sources and other sinks go on)", describe(&e));
     e
 }
 
 /// A stop requested while a sink waits to retry is a clean stop: the sink
 /// resumes from its stored position at the next start.
-fn stopped_while_retrying(name: &str, e: &anyhow::Error) {
+fn stopped_while_retrying(name: &str, e: &RuntimeError) {
     tracing::warn!(sink = %name, "stopping while the sink retries ({}); it resumes from its stored position at the next start", describe(e));
 }
 
@@ -446,8 +473,13 @@ async fn run_sink(
         let reader = input
             .log
             .reader_with(start, sink.visibility())
-            .with_context(|| format!("sink `{name}`, source `{}`", input.context.name))
-            .map_err(SinkStop::Log)?;
+            .map_err(|error| {
+                SinkStop::Log(RuntimeError::SinkLog {
+                    sink: name.to_owned(),
+                    source_name: input.context.name.clone(),
+                    error,
+                })
+            })?;
         let feeder = Feeder {
             reader,
             log: input.log.clone(),
@@ -478,12 +510,12 @@ async fn run_sink(
             .into_iter()
             .map(|t| {
                 t.join()
-                    .unwrap_or_else(|_| Err(anyhow!("a feeder thread panicked")))
+                    .unwrap_or_else(|_| Err(RuntimeError::Task("a feeder thread panicked".into())))
             })
-            .collect::<anyhow::Result<Vec<()>>>()
+            .collect::<Result<Vec<()>, RuntimeError>>()
     })
     .await
-    .map_err(|e| anyhow!("{e}"))
+    .map_err(|e| RuntimeError::Task(e.to_string()))
     .and_then(|r| r);
     feeder_result.map_err(SinkStop::Log)?;
     sink_result.map_err(SinkStop::Sink)
@@ -534,7 +566,7 @@ impl Feeder {
         self.reported = (Some(std::time::Instant::now()), catching_up);
     }
 
-    fn run(mut self, runtime: &tokio::runtime::Handle) -> anyhow::Result<()> {
+    fn run(mut self, runtime: &tokio::runtime::Handle) -> Result<(), RuntimeError> {
         let result = self.feed(runtime);
         if result.is_err() {
             // The sink cannot go on with a source missing; stop it too.
@@ -543,21 +575,24 @@ impl Feeder {
         result
     }
 
-    fn feed(&mut self, runtime: &tokio::runtime::Handle) -> anyhow::Result<()> {
+    fn feed(&mut self, runtime: &tokio::runtime::Handle) -> Result<(), RuntimeError> {
         let mut abort = self.abort.subscribe();
         loop {
             if *abort.borrow() {
                 return Ok(());
             }
             if self.log.is_dropped(&self.sink) {
-                return Err(anyhow!(
-                    "sink `{}` fell more than [log] max_size behind source `{}` and was dropped (when_full = \"drop_sink\"); it needs a fresh start: remove its cursor file to read from the oldest record kept, or run `walbridge drop` to copy everything again",
-                    self.sink,
-                    self.context.name
-                ));
+                return Err(RuntimeError::SinkDropped {
+                    sink: self.sink.clone(),
+                    source_name: self.context.name.clone(),
+                });
             }
-            let context = || format!("sink `{}`, source `{}`", self.sink, self.context.name);
-            match self.reader.try_next().with_context(context)? {
+            let failed = |error| RuntimeError::SinkLog {
+                sink: self.sink.clone(),
+                source_name: self.context.name.clone(),
+                error,
+            };
+            match self.reader.try_next().map_err(failed)? {
                 Some(record) => {
                     let mut routed = Routed {
                         source: self.context.clone(),
@@ -577,7 +612,7 @@ impl Feeder {
                             routed.boundaries.push((routed.events.len(), position));
                         }
                         if routed.events.len() < FEED_BATCH {
-                            next = self.reader.try_next().with_context(context)?;
+                            next = self.reader.try_next().map_err(failed)?;
                         }
                     }
                     if self.queue.blocking_send(routed).is_err() {
