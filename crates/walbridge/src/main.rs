@@ -1,18 +1,20 @@
 //! The `walbridge` command: a thin CLI over the runtime
-//! (`walbridge-runtime`) and the sink kinds it registers.
+//! (`walbridge-runtime`) and the sink kinds it registers, a module per
+//! command.
+
+mod check;
+mod drop;
+mod run;
+mod skip;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
-use walbridge_core::Relation;
-use walbridge_sink::{CheckScope, SinkKind, reads};
-use walbridge_source::Source;
-use walbridge_source::checks::{Outlook, Severity};
+use walbridge_sink::SinkKind;
 
 use walbridge_runtime::report::describe;
-use walbridge_runtime::{Config, RuntimeError, data_dir, pipeline};
+use walbridge_runtime::{Config, data_dir};
 
 /// Every sink kind, by its `type`: a new sink is a crate and a line here.
 pub static SINK_KINDS: &[&dyn SinkKind] = &[
@@ -139,118 +141,6 @@ impl From<anyhow::Error> for Failure {
     }
 }
 
-fn load(path: &std::path::Path) -> Result<Config, Failure> {
-    Config::load(path, SINK_KINDS).map_err(|error| Failure {
-        code: EXIT_CONFIG,
-        error: error.into(),
-    })
-}
-
-async fn check(path: &std::path::Path) -> Result<(), Failure> {
-    let config = load(path)?;
-    let mut errors = 0;
-    let data_dir = &config.data_dir;
-    match walbridge_sink::probe_writable(data_dir) {
-        Ok(()) => println!("ok: data_dir {} is writable", data_dir.display()),
-        Err(e) => {
-            eprintln!(
-                "error: data_dir {}: {e}: make it writable by the user walbridge runs as, or choose another data_dir",
-                data_dir.display()
-            );
-            errors += 1;
-        }
-    }
-    let running = data_dir::DataDirLock::holder(data_dir);
-    if let Some(pid) = running {
-        println!(
-            "note: data_dir {} is in use by a running walbridge (pid {pid}); `run` and `drop` refuse to start until it stops",
-            data_dir.display()
-        );
-    }
-    // The tables each source publishes, for the sinks' checks.
-    let mut published = Vec::new();
-    for source_config in &config.sources {
-        let source = Source::new(source_config.clone(), &config.data_dir).map_err(|e| Failure {
-            code: EXIT_CONFIG,
-            error: e.into(),
-        })?;
-        let mut findings = source.check().await;
-        if let Some(pid) = running {
-            // The slot in use is the running instance's own.
-            findings.retain(|f| {
-                let own = f.outlook == Outlook::Passing;
-                if own {
-                    println!(
-                        "note: {} (the walbridge running on this data_dir, pid {pid}, presumably)",
-                        f.message
-                    );
-                }
-                !own
-            });
-        }
-        for f in &findings {
-            eprintln!("{f}");
-        }
-        let source_errors = findings
-            .iter()
-            .filter(|f| f.severity == Severity::Error)
-            .count();
-        if source_errors == 0 {
-            println!("ok: source `{}` is ready to replicate", source_config.name);
-            match published_relations(&config, &source).await {
-                Some(relations) => published.push((source_config.name.clone(), relations)),
-                None => errors += 1,
-            }
-        }
-        errors += source_errors;
-    }
-    let scope = CheckScope {
-        tables: published
-            .iter()
-            .map(|(source, relations)| (source.as_str(), relations.as_slice()))
-            .collect(),
-        running,
-    };
-    for sink in &config.sinks {
-        let health = sink.check(&scope).await;
-        for line in &health.ready {
-            println!("ok: sink `{}`: {line}", sink.name());
-        }
-        errors += health.problems.len();
-        for problem in health.problems {
-            eprintln!(
-                "error: sink `{}`: {}",
-                sink.name(),
-                describe(problem.as_ref())
-            );
-        }
-    }
-    if errors > 0 {
-        return Err(Failure {
-            code: EXIT_PREREQUISITE,
-            error: anyhow::anyhow!("{errors} prerequisite check(s) failed"),
-        });
-    }
-    Ok(())
-}
-
-/// The tables `source` publishes, which the sinks' checks look at (a
-/// postgres sink maps them onto its target, a kafka sink probes their
-/// topics); `None` once an error is reported.
-async fn published_relations(config: &Config, source: &Source) -> Option<Vec<Relation>> {
-    let name = &source.config().name;
-    if !config.sinks.iter().any(|s| reads(s.as_ref(), name)) {
-        return Some(Vec::new());
-    }
-    match source.published_relations().await {
-        Ok(relations) => Some(relations),
-        Err(e) => {
-            eprintln!("error: source `{name}`: cannot list the published tables: {e}");
-            None
-        }
-    }
-}
-
 /// Locks `data_dir` for this process (see [`data_dir`]).
 fn lock(config: &Config) -> Result<data_dir::DataDirLock, Failure> {
     data_dir::DataDirLock::acquire(&config.data_dir).map_err(|e| Failure {
@@ -259,88 +149,10 @@ fn lock(config: &Config) -> Result<data_dir::DataDirLock, Failure> {
     })
 }
 
-async fn drop_sources(path: &std::path::Path, only: Option<&str>) -> Result<(), Failure> {
-    let config = load(path)?;
-    if let Some(name) = only
-        && !config.sources.iter().any(|s| s.name == name)
-    {
-        return Err(Failure {
-            code: EXIT_CONFIG,
-            error: anyhow::anyhow!("no source named `{name}` in {}", path.display()),
-        });
-    }
-    let _lock = lock(&config)?;
-    for source_config in config
-        .sources
-        .iter()
-        .filter(|s| only.is_none_or(|n| n == s.name))
-    {
-        let source = Source::new(source_config.clone(), &config.data_dir).map_err(|e| Failure {
-            code: EXIT_CONFIG,
-            error: e.into(),
-        })?;
-        let existed = source
-            .drop_slot_and_state()
-            .await
-            .with_context(|| format!("cannot drop source `{}`", source_config.name))?;
-        let slot = source_config.slot_name();
-        if existed {
-            println!(
-                "dropped slot `{slot}` and the state of source `{}`",
-                source_config.name
-            );
-        } else {
-            println!(
-                "source `{}`: slot `{slot}` did not exist; state removed",
-                source_config.name
-            );
-        }
-    }
-    Ok(())
-}
-
-async fn skip(
-    path: &std::path::Path,
-    sink: &str,
-    lsn: Option<walbridge_core::Lsn>,
-) -> Result<(), Failure> {
-    let config = load(path)?;
-    let usage = |error: anyhow::Error| Failure {
+/// Reads the configuration file (exit status 2 when it is wrong).
+fn load(path: &std::path::Path) -> Result<Config, Failure> {
+    Config::load(path, SINK_KINDS).map_err(|error| Failure {
         code: EXIT_CONFIG,
-        error,
-    };
-    let Some(sink_config) = config.sinks.iter().find(|s| s.name() == sink) else {
-        return Err(usage(anyhow::anyhow!(
-            "no sink named `{sink}` in {}",
-            path.display()
-        )));
-    };
-    let cursor_dir = pipeline::cursor_dir(&config.data_dir);
-    let Some(skipping) = sink_config.skip(&cursor_dir, lsn) else {
-        return Err(usage(anyhow::anyhow!(
-            "sink `{sink}` never stops on a transaction; only postgres sinks do"
-        )));
-    };
-    let skipped = skipping.await.with_context(|| format!("sink `{sink}`"))?;
-    println!("{skipped}");
-    Ok(())
-}
-
-async fn run_pipeline(path: &std::path::Path) -> Result<(), Failure> {
-    let config = load(path)?;
-    let _lock = lock(&config)?;
-    // What `check` finds wrong on this machine stops `run` the same way.
-    for sink in &config.sinks {
-        sink.preflight().map_err(|e| Failure {
-            code: EXIT_PREREQUISITE,
-            error: anyhow::Error::new(e).context(format!("sink `{}`", sink.name())),
-        })?;
-    }
-    pipeline::run(config).await.map_err(|error| Failure {
-        code: match &error {
-            RuntimeError::Source(e) if e.is_prerequisite() => EXIT_PREREQUISITE,
-            _ => EXIT_FAILURE,
-        },
         error: error.into(),
     })
 }
@@ -368,10 +180,10 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match &cli.command {
-            Command::Run { config } => run_pipeline(config).await,
-            Command::Check { config } => check(config).await,
-            Command::Drop { config, source } => drop_sources(config, source.as_deref()).await,
-            Command::Skip { config, sink, lsn } => skip(config, sink, *lsn).await,
+            Command::Run { config } => run::run_pipeline(config).await,
+            Command::Check { config } => check::check(config).await,
+            Command::Drop { config, source } => drop::drop_sources(config, source.as_deref()).await,
+            Command::Skip { config, sink, lsn } => skip::skip(config, sink, *lsn).await,
         }
     });
     // A sink stuck in a blocking write (a pipe nobody reads) must not keep

@@ -1,0 +1,25 @@
+//! `walbridge run`: the pipeline, until SIGINT or SIGTERM.
+
+use walbridge_runtime::{RuntimeError, pipeline};
+
+use crate::{EXIT_FAILURE, EXIT_PREREQUISITE, Failure, load, lock};
+
+/// Runs the pipeline of the configuration at `path`, holding its data_dir.
+pub async fn run_pipeline(path: &std::path::Path) -> Result<(), Failure> {
+    let config = load(path)?;
+    let _lock = lock(&config)?;
+    // What `check` finds wrong on this machine stops `run` the same way.
+    for sink in &config.sinks {
+        sink.preflight().map_err(|e| Failure {
+            code: EXIT_PREREQUISITE,
+            error: anyhow::Error::new(e).context(format!("sink `{}`", sink.name())),
+        })?;
+    }
+    pipeline::run(config).await.map_err(|error| Failure {
+        code: match &error {
+            RuntimeError::Source(e) if e.is_prerequisite() => EXIT_PREREQUISITE,
+            _ => EXIT_FAILURE,
+        },
+        error: error.into(),
+    })
+}
