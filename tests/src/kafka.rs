@@ -22,7 +22,7 @@ fn cache_dir() -> PathBuf {
 }
 
 /// The Python with confluent-kafka: `$WALBRIDGE_KAFKA_VENV/bin/python`.
-fn python() -> PathBuf {
+pub(crate) fn python() -> PathBuf {
     let venv = std::env::var("WALBRIDGE_KAFKA_VENV")
         .map(PathBuf::from)
         .unwrap_or_else(|_| cache_dir().join("kafka-venv"));

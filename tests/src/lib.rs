@@ -13,6 +13,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+pub mod admin;
 pub mod connect;
 pub mod disk;
 pub mod fixtures;

@@ -135,6 +135,8 @@ impl Deployment {
             .args(["run", "-c"])
             .arg(self.config_path())
             .env("RUST_LOG", "info")
+            // Tests run side by side: any free port (see `admin_address`).
+            .env("WALBRIDGE_ADMIN_LISTEN", "127.0.0.1:0")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)
@@ -155,6 +157,19 @@ impl Deployment {
             .stdin(Stdio::null())
             .output()
             .unwrap_or_else(|e| panic!("cannot run walbridge: {e}"))
+    }
+
+    /// The address the admin endpoint of the running walbridge listens
+    /// on, as its log says.
+    pub fn admin_address(&self, timeout: Duration) -> String {
+        let log = self.wait_for_log("admin endpoint serving", timeout);
+        log.lines()
+            .rev()
+            .find(|l| l.contains("admin endpoint serving"))
+            .and_then(|l| l.split("listen=").nth(1))
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no admin address in the log:\n{log}"))
+            .to_owned()
     }
 
     /// Bytes in the durable log of source `src` (segment files).

@@ -44,6 +44,7 @@ fn stop_quickstart(moment: Moment, signal: i32, whole_group: bool) {
     let mut child = Command::new("bash")
         .arg(&script)
         .env("WALBRIDGE_BIN", binary())
+        .env("WALBRIDGE_ADMIN_LISTEN", "127.0.0.1:0")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -40,6 +40,32 @@ pub struct Config {
     pub schema_registry: Option<RegistryServerConfig>,
     /// How often long work logs how far it has come.
     pub progress_interval: DurationText,
+    /// The admin endpoint (`[admin]`).
+    pub admin: AdminConfig,
+}
+
+/// `[admin]`: the endpoint serving `/metrics`, `/healthz`, `/readyz` and
+/// `/status`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// `host:port` to listen on (default `127.0.0.1:9187`; port 0 takes
+    /// any free port, which the log names); `""` serves nothing. The
+    /// environment variable `WALBRIDGE_ADMIN_LISTEN` overrides it.
+    #[serde(default = "default_admin_listen")]
+    pub listen: String,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: default_admin_listen(),
+        }
+    }
+}
+
+fn default_admin_listen() -> String {
+    "127.0.0.1:9187".to_owned()
 }
 
 /// The file as read: each `[[sink]]` table is read by its kind.
@@ -61,6 +87,8 @@ struct File {
     /// copied, each sink catching up (default 5s).
     #[serde(default = "default_progress_interval")]
     progress_interval: DurationText,
+    #[serde(default)]
+    admin: AdminConfig,
 }
 
 fn default_progress_interval() -> DurationText {
@@ -108,7 +136,7 @@ impl Config {
         env: impl Fn(&str) -> Option<String>,
         kinds: &[&dyn SinkKind],
     ) -> Result<Config, ConfigError> {
-        let expanded = expand_env(text, env)?;
+        let expanded = expand_env(text, &env)?;
         let mut file: File = toml::from_str(&expanded)
             .map_err(|e| ConfigError(e.to_string().trim_end().to_owned()))?;
         for source in &mut file.sources {
@@ -135,7 +163,18 @@ impl Config {
             stdout.insert("name".into(), "stdout".into());
             sinks.push(configure_sink_of_kind("jsonl", stdout, kinds, &context)?);
         }
+        let mut admin = file.admin;
+        if let Some(listen) = env("WALBRIDGE_ADMIN_LISTEN") {
+            admin.listen = listen;
+        }
+        if !admin.listen.is_empty() && admin.listen.parse::<std::net::SocketAddr>().is_err() {
+            bail!(
+                "[admin] listen = \"{}\": not an address such as 127.0.0.1:9187 (or \"\" for none)",
+                admin.listen
+            );
+        }
         let config = Config {
+            admin,
             data_dir: file.data_dir,
             log: file.log,
             sources: file.sources,

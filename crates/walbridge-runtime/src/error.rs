@@ -60,6 +60,15 @@ pub enum RuntimeError {
         #[source]
         error: Box<dyn std::error::Error + Send + Sync + 'static>,
     },
+    /// The admin endpoint could not start.
+    #[error("[admin] {what}: {error}")]
+    Admin {
+        /// What failed.
+        what: String,
+        /// Why.
+        #[source]
+        error: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
     /// A task or thread of the runtime panicked or could not start.
     #[error("{0}")]
     Task(String),

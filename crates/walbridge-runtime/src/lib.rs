@@ -9,14 +9,19 @@
 //!   backoff, stopped for good on a permanent failure); a source confirms
 //!   to the publisher what its log holds, and reports as applied the
 //!   lowest position every sink has acknowledged.
+//! * [`status`] and the admin endpoint (`[admin] listen`): what the
+//!   pipeline shows of itself — `/metrics`, `/healthz`, `/readyz`,
+//!   `/status`.
 //! * [`report`]: errors as people read them.
 
+mod admin;
 pub mod config;
 pub mod data_dir;
 mod error;
 mod log_config;
 pub mod pipeline;
 pub mod report;
+pub mod status;
 
 pub use config::{Config, ConfigError};
 pub use error::RuntimeError;

@@ -29,6 +29,7 @@ use walbridge_source::{Downstream, Source};
 use crate::config::Config;
 use crate::error::RuntimeError;
 use crate::report::describe;
+use crate::status::{Observed, ObservedInput, ObservedSink, ObservedSource, SinkHealth, SinkState};
 
 /// Event batches (up to 256 events each) queued between a source and its log.
 const QUEUE: usize = 64;
@@ -46,6 +47,10 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 
 /// A sink run that lasted this long resets the backoff.
 const BACKOFF_RESET: Duration = Duration::from_secs(60);
+
+/// How long a sink that failed must run again, acknowledging nothing,
+/// before it counts as running.
+const SETTLED: Duration = Duration::from_secs(5);
 
 /// How long a stopping pipeline lets the sinks catch up with the logs.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
@@ -98,6 +103,18 @@ pub async fn run(config: Config) -> Result<(), RuntimeError> {
         });
     }
 
+    let mut observed = Observed {
+        sources: runs
+            .iter()
+            .map(|r| ObservedSource {
+                name: r.source.config().name.clone(),
+                stats: r.source.stats(),
+                log: r.log.clone(),
+            })
+            .collect(),
+        sinks: Vec::new(),
+    };
+
     // Sinks open (and register their cursors) before any source appends,
     // so retention never removes what a sink still needs.
     let (closing_tx, closing_rx) = watch::channel(false);
@@ -112,6 +129,7 @@ pub async fn run(config: Config) -> Result<(), RuntimeError> {
                     error,
                 })?;
         let mut inputs = Vec::new();
+        let mut observed_inputs = Vec::new();
         for run in runs
             .iter_mut()
             .filter(|r| reads(sink_config.as_ref(), &r.source.config().name))
@@ -128,6 +146,11 @@ pub async fn run(config: Config) -> Result<(), RuntimeError> {
             };
             let (acked, ack_rx) = watch::channel(LogPosition { next: start, lsn });
             run.acks.push((sink_config.name().to_owned(), ack_rx));
+            observed_inputs.push(ObservedInput {
+                source: source.clone(),
+                acked: acked.subscribe(),
+                log: run.log.clone(),
+            });
             inputs.push(SourceLog {
                 log: run.log.clone(),
                 context: Arc::new(SourceContext {
@@ -144,19 +167,34 @@ pub async fn run(config: Config) -> Result<(), RuntimeError> {
         } else {
             vec![inputs]
         };
+        let mut healths = Vec::new();
         for inputs in units {
+            let health = Arc::new(SinkHealth::default());
+            healths.push(health.clone());
             sinks.push((
                 name.to_owned(),
                 tokio::spawn(supervise(
                     sink.clone(),
                     name.to_owned(),
                     inputs,
+                    health,
                     closing_rx.clone(),
                     config.progress_interval.0,
                 )),
             ));
         }
+        observed.sinks.push(ObservedSink {
+            name: name.to_owned(),
+            units: healths,
+            inputs: observed_inputs,
+        });
     }
+    let _admin = match config.admin.listen.as_str() {
+        "" => None,
+        listen => Some(AbortOnDrop(
+            crate::admin::serve(listen, Arc::new(observed)).await?,
+        )),
+    };
 
     let mut sources = JoinSet::new();
     let mut appenders = Vec::new();
@@ -381,6 +419,7 @@ async fn supervise(
     sink: Arc<dyn Sink>,
     name: String,
     inputs: Vec<SourceLog>,
+    health: Arc<SinkHealth>,
     closing: watch::Receiver<bool>,
     progress_interval: Duration,
 ) -> Result<(), RuntimeError> {
@@ -396,6 +435,7 @@ async fn supervise(
                     sink.as_ref(),
                     &name,
                     &inputs,
+                    &health,
                     closing.clone(),
                     progress_interval,
                 )
@@ -408,7 +448,7 @@ async fn supervise(
         };
         let e = match outcome {
             Ok(()) => return Ok(()),
-            Err(SinkStop::Log(e)) => return Err(stopped_for_good(&name, e)),
+            Err(SinkStop::Log(e)) => return Err(stopped_for_good(&name, &health, e)),
             Err(SinkStop::Sink(error)) => {
                 let permanent = error.is_permanent();
                 let e = RuntimeError::Sink {
@@ -416,8 +456,9 @@ async fn supervise(
                     error,
                 };
                 if permanent {
-                    return Err(stopped_for_good(&name, e));
+                    return Err(stopped_for_good(&name, &health, e));
                 }
+                health.failed(SinkState::Retrying, describe(&e));
                 e
             }
         };
@@ -444,7 +485,8 @@ async fn supervise(
 
 /// A sink stopped by a failure no retry cures: said once, as an error; the
 /// run's exit status reports it when the process stops.
-fn stopped_for_good(name: &str, e: RuntimeError) -> RuntimeError {
+fn stopped_for_good(name: &str, health: &SinkHealth, e: RuntimeError) -> RuntimeError {
+    health.failed(SinkState::Stopped, describe(&e));
     tracing::error!(sink = %name, "{}; the sink stopped (sources and other sinks go on)", describe(&e));
     e
 }
@@ -457,15 +499,21 @@ fn stopped_while_retrying(name: &str, e: &RuntimeError) {
 
 /// One run of a sink: a feeder thread per source reads the log from the
 /// sink's cursor into the sink's queue.
+#[allow(clippy::too_many_arguments)]
 async fn run_sink(
     mut run: Box<dyn walbridge_sink::SinkRun>,
     sink: &dyn Sink,
     name: &str,
     inputs: &[SourceLog],
+    health: &Arc<SinkHealth>,
     closing: watch::Receiver<bool>,
     progress_interval: Duration,
 ) -> Result<(), SinkStop> {
     let starts = run.resume(inputs).await.map_err(SinkStop::Sink)?;
+    let _settle = AbortOnDrop(tokio::spawn(settle(
+        health.clone(),
+        inputs.iter().map(|i| i.context.acked.subscribe()).collect(),
+    )));
     let (tx, rx) = mpsc::channel::<Routed>(SINK_QUEUE);
     let abort = Arc::new(watch::Sender::new(false));
     let mut feeders = Vec::new();
@@ -519,6 +567,28 @@ async fn run_sink(
     .and_then(|r| r);
     feeder_result.map_err(SinkStop::Log)?;
     sink_result.map_err(SinkStop::Sink)
+}
+
+/// Marks a sink that resumed as running: at once on its first attempt;
+/// after a failure once it acknowledges something or has run for
+/// [`SETTLED`] (an attempt that fails again at its first transaction
+/// never looks well).
+async fn settle(health: Arc<SinkHealth>, mut acks: Vec<watch::Receiver<LogPosition>>) {
+    if health.state() == SinkState::Starting {
+        health.set(SinkState::Running);
+        return;
+    }
+    let acked = async {
+        if acks.is_empty() {
+            return std::future::pending().await;
+        }
+        let _ = select_all(acks.iter_mut().map(|a| Box::pin(a.changed()))).await;
+    };
+    tokio::select! {
+        _ = acked => {}
+        _ = tokio::time::sleep(SETTLED) => {}
+    }
+    health.set(SinkState::Running);
 }
 
 /// Reads one source's log into one sink's queue.

@@ -73,6 +73,8 @@ pub struct Downstream {
 /// Shared, live view of a source for status and metrics.
 #[derive(Debug, Default)]
 pub struct SourceStats {
+    /// What the source is doing ([`SourcePhase`] as a number).
+    phase: std::sync::atomic::AtomicU8,
     /// Snapshot counters.
     pub snapshot: SnapshotProgress,
     /// Last position received.
@@ -81,6 +83,96 @@ pub struct SourceStats {
     pub confirmed: std::sync::atomic::AtomicU64,
     /// Transactions emitted.
     pub transactions: std::sync::atomic::AtomicU64,
+    /// Changes emitted, by operation: insert, update, delete, truncate.
+    changes: [std::sync::atomic::AtomicU64; 4],
+    /// Connections that broke or failed and were tried again.
+    pub reconnects: std::sync::atomic::AtomicU64,
+}
+
+/// What a source is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourcePhase {
+    /// Connecting and checking, before its first copy or stream.
+    Starting,
+    /// Copying the published tables.
+    Copying,
+    /// Streaming changes.
+    Streaming,
+    /// Waiting to connect again after a failure.
+    Reconnecting,
+    /// Stopped.
+    Stopped,
+}
+
+impl SourcePhase {
+    /// Every phase, in the order of their numbers.
+    pub const ALL: [SourcePhase; 5] = [
+        SourcePhase::Starting,
+        SourcePhase::Copying,
+        SourcePhase::Streaming,
+        SourcePhase::Reconnecting,
+        SourcePhase::Stopped,
+    ];
+
+    /// The phase's name in status and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourcePhase::Starting => "starting",
+            SourcePhase::Copying => "copying",
+            SourcePhase::Streaming => "streaming",
+            SourcePhase::Reconnecting => "reconnecting",
+            SourcePhase::Stopped => "stopped",
+        }
+    }
+}
+
+/// Marks a source stopped when its run ends, however it ends.
+struct StoppedOnDrop<'a>(&'a SourceStats);
+
+impl Drop for StoppedOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.set_phase(SourcePhase::Stopped);
+    }
+}
+
+/// The operations changes are counted by, in [`SourceStats::changes`] order.
+pub const OPERATIONS: [&str; 4] = ["insert", "update", "delete", "truncate"];
+
+impl SourceStats {
+    /// What the source is doing.
+    pub fn phase(&self) -> SourcePhase {
+        let n = self.phase.load(std::sync::atomic::Ordering::Relaxed) as usize;
+        SourcePhase::ALL
+            .get(n)
+            .copied()
+            .unwrap_or(SourcePhase::Starting)
+    }
+
+    fn set_phase(&self, phase: SourcePhase) {
+        let n = SourcePhase::ALL
+            .iter()
+            .position(|p| *p == phase)
+            .unwrap_or(0);
+        self.phase
+            .store(n as u8, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Changes emitted per operation, in [`OPERATIONS`] order.
+    pub fn changes(&self) -> [u64; 4] {
+        std::array::from_fn(|i| self.changes[i].load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn count(&self, change: &walbridge_core::Change) {
+        use walbridge_core::Change;
+        let i = match change {
+            Change::Insert { .. } => 0,
+            Change::Update { .. } => 1,
+            Change::Delete { .. } => 2,
+            Change::Truncate(_) => 3,
+            Change::Message(_) => return,
+        };
+        self.changes[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// One configured source.
@@ -224,6 +316,7 @@ impl Source {
             .map_err(|e| SourceError::Spill(self.config.name.clone(), e))?;
         let mut assembler = Assembler::new(spill_dir, self.config.spill_threshold.0 as usize);
         let mut feedback = Feedback::new(resume_after, applied);
+        let _stopped = StoppedOnDrop(&self.stats);
         let mut checked = false;
         let mut backoff = FIRST_BACKOFF;
         loop {
@@ -253,6 +346,10 @@ impl Source {
             match result {
                 Ok(()) | Err(SourceError::Stopped(_)) => return Ok(()),
                 Err(e) if e.is_transient() && !*shutdown.borrow() => {
+                    self.stats.set_phase(SourcePhase::Reconnecting);
+                    self.stats
+                        .reconnects
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tracing::warn!(source = %self.config.name, "{e}; retrying in {backoff:?}");
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
@@ -338,6 +435,7 @@ impl Source {
                 )));
             }
             (None, _) => {
+                self.stats.set_phase(SourcePhase::Copying);
                 if self
                     .create_slot_and_copy(&mut conn, events, flushed, shutdown)
                     .await?
@@ -554,6 +652,7 @@ impl Source {
             .map_err(|e| self.err(e))?;
         tracing::info!(source = %name, slot = %self.config.slot_name(), "streaming changes");
         feedback.streamed = true;
+        self.stats.set_phase(SourcePhase::Streaming);
         let mut decoder = Decoder::new();
         let mut types = TypeCatalog::new();
         let mut ticker = tokio::time::interval(Duration::from_secs(self.config.status_interval));
@@ -727,9 +826,9 @@ impl Source {
             .into_changes()
             .map_err(|e| SourceError::Spill(name.clone(), e))?
         {
-            batch.push(SourceEvent::Change(
-                change.map_err(|e| SourceError::Spill(name.clone(), e))?,
-            ));
+            let change = change.map_err(|e| SourceError::Spill(name.clone(), e))?;
+            self.stats.count(&change);
+            batch.push(SourceEvent::Change(change));
             if batch.len() >= MAX_BATCH {
                 let full = std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH));
                 self.deliver(conn, events, flushed, shutdown, assembler, feedback, full)

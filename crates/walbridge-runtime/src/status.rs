@@ -1,0 +1,409 @@
+//! What the running pipeline shows of itself: each source (what it does,
+//! its positions, its log) and each sink (what it does, its last error,
+//! how far it has acknowledged each source and how far behind it is).
+//!
+//! The pipeline keeps live handles (counters, watch channels), read only
+//! when someone asks — the admin endpoint's `/status`, `/readyz` and
+//! `/metrics` — so watching costs nothing on the data path.
+
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+use tokio::sync::watch;
+use walbridge_log::Log;
+use walbridge_sink::LogPosition;
+use walbridge_source::{OPERATIONS, SourcePhase, SourceStats};
+
+/// What a sink is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkState {
+    /// Its first attempt is starting.
+    Starting,
+    /// Delivering.
+    Running,
+    /// An attempt failed; it is tried again (and counts as running again
+    /// once it acknowledges something or has run for a while).
+    Retrying,
+    /// Stopped by a failure no retry cures.
+    Stopped,
+}
+
+impl SinkState {
+    /// Every state, in the order of their numbers.
+    pub const ALL: [SinkState; 4] = [
+        SinkState::Starting,
+        SinkState::Running,
+        SinkState::Retrying,
+        SinkState::Stopped,
+    ];
+
+    /// The state's name in status and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SinkState::Starting => "starting",
+            SinkState::Running => "running",
+            SinkState::Retrying => "retrying",
+            SinkState::Stopped => "stopped",
+        }
+    }
+}
+
+/// A sink's state as its supervisor reports it.
+#[derive(Debug, Default)]
+pub struct SinkHealth {
+    state: AtomicU8,
+    last_error: Mutex<Option<String>>,
+    failures: AtomicU64,
+}
+
+impl SinkHealth {
+    /// What the sink is doing.
+    pub fn state(&self) -> SinkState {
+        SinkState::ALL
+            .get(self.state.load(Ordering::Relaxed) as usize)
+            .copied()
+            .unwrap_or(SinkState::Starting)
+    }
+
+    /// The sink is now `state`.
+    pub fn set(&self, state: SinkState) {
+        let n = SinkState::ALL.iter().position(|s| *s == state).unwrap_or(0);
+        self.state.store(n as u8, Ordering::Relaxed);
+    }
+
+    /// An attempt failed with `error`; the sink is now `state`.
+    pub fn failed(&self, state: SinkState, error: String) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(error);
+        self.set(state);
+    }
+
+    /// The last failure, as logged.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Attempts that failed.
+    pub fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
+    }
+}
+
+/// A source as the pipeline runs it.
+pub struct ObservedSource {
+    /// Its name.
+    pub name: String,
+    /// Its live counters.
+    pub stats: Arc<SourceStats>,
+    /// Its log.
+    pub log: Log,
+}
+
+/// One source a sink reads.
+pub struct ObservedInput {
+    /// The source.
+    pub source: String,
+    /// What the sink has acknowledged of it.
+    pub acked: watch::Receiver<LogPosition>,
+    /// The source's log.
+    pub log: Log,
+}
+
+/// A sink as the pipeline runs it.
+pub struct ObservedSink {
+    /// Its name.
+    pub name: String,
+    /// The state of each of its parts that run apart (a postgres sink
+    /// applies each source on its own).
+    pub units: Vec<Arc<SinkHealth>>,
+    /// The sources it reads.
+    pub inputs: Vec<ObservedInput>,
+}
+
+impl ObservedSink {
+    /// The unit faring worst: the sink is as well as that one.
+    fn worst(&self) -> Option<&SinkHealth> {
+        let rank = |s: SinkState| match s {
+            SinkState::Running => 0,
+            SinkState::Starting => 1,
+            SinkState::Retrying => 2,
+            SinkState::Stopped => 3,
+        };
+        self.units
+            .iter()
+            .map(AsRef::as_ref)
+            .max_by_key(|u: &&SinkHealth| rank(u.state()))
+    }
+
+    /// What the sink is doing.
+    pub fn state(&self) -> SinkState {
+        self.worst().map_or(SinkState::Starting, SinkHealth::state)
+    }
+
+    /// The last failure of the unit faring worst.
+    pub fn last_error(&self) -> Option<String> {
+        self.worst().and_then(SinkHealth::last_error)
+    }
+
+    /// Attempts that failed, over every unit.
+    pub fn failures(&self) -> u64 {
+        self.units.iter().map(|u| u.failures()).sum()
+    }
+}
+
+/// Everything the pipeline shows of itself.
+#[derive(Default)]
+pub struct Observed {
+    /// The sources.
+    pub sources: Vec<ObservedSource>,
+    /// The sinks.
+    pub sinks: Vec<ObservedSink>,
+}
+
+/// `/status`: every source and sink, as JSON.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    /// Whether the pipeline is ready (see [`Observed::unready`]).
+    pub ready: bool,
+    /// Why not, a line each.
+    pub unready: Vec<String>,
+    /// The sources.
+    pub sources: Vec<SourceStatus>,
+    /// The sinks.
+    pub sinks: Vec<SinkStatus>,
+}
+
+/// One source in [`Status`].
+#[derive(Debug, Serialize)]
+pub struct SourceStatus {
+    /// Its name.
+    pub name: String,
+    /// What it does.
+    pub state: &'static str,
+    /// The furthest position received from the publisher.
+    pub received_lsn: String,
+    /// What it last confirmed to the publisher.
+    pub confirmed_lsn: String,
+    /// Transactions it has put in its log since it started.
+    pub transactions: u64,
+    /// Changes by operation since it started.
+    pub changes: serde_json::Map<String, serde_json::Value>,
+    /// Connections tried again.
+    pub reconnects: u64,
+    /// The initial copy: tables done and to do, rows and bytes.
+    pub snapshot: SnapshotStatus,
+    /// Its log.
+    pub log: LogStatus,
+}
+
+/// The initial copy in [`SourceStatus`].
+#[derive(Debug, Serialize)]
+pub struct SnapshotStatus {
+    /// Tables copied.
+    pub tables_done: u64,
+    /// Tables to copy.
+    pub tables_total: u64,
+    /// Rows copied.
+    pub rows: u64,
+    /// COPY data received.
+    pub bytes: u64,
+}
+
+/// A source's log in [`SourceStatus`].
+#[derive(Debug, Serialize)]
+pub struct LogStatus {
+    /// The oldest record kept.
+    pub first_record: u64,
+    /// The record the next append gets.
+    pub next_record: u64,
+    /// The LSN of the readable end.
+    pub last_lsn: String,
+    /// Bytes on disk.
+    pub bytes: u64,
+}
+
+/// One sink in [`Status`].
+#[derive(Debug, Serialize)]
+pub struct SinkStatus {
+    /// Its name.
+    pub name: String,
+    /// What it does.
+    pub state: SinkState,
+    /// Its last failure.
+    pub last_error: Option<String>,
+    /// Attempts that failed.
+    pub failures: u64,
+    /// Each source it reads.
+    pub sources: Vec<SinkInputStatus>,
+}
+
+/// One source of a sink in [`SinkStatus`].
+#[derive(Debug, Serialize)]
+pub struct SinkInputStatus {
+    /// The source.
+    pub source: String,
+    /// The sink's cursor: the next record it reads.
+    pub cursor: u64,
+    /// The publisher position the sink has acknowledged.
+    pub acked_lsn: String,
+    /// Records of the log the sink has not acknowledged.
+    pub lag_records: u64,
+    /// WAL bytes between the log's end and what the sink acknowledged.
+    pub lag_bytes: u64,
+}
+
+impl ObservedInput {
+    fn status(&self) -> SinkInputStatus {
+        let acked = *self.acked.borrow();
+        let head = self.log.head();
+        SinkInputStatus {
+            source: self.source.clone(),
+            cursor: acked.next,
+            acked_lsn: acked.lsn.to_string(),
+            lag_records: head.next_seq.saturating_sub(acked.next),
+            lag_bytes: head.last_lsn.0.saturating_sub(acked.lsn.0),
+        }
+    }
+}
+
+impl Observed {
+    /// Why the pipeline is not ready, a line each: a source that is not
+    /// copying or streaming, a sink that is not running. Empty when ready.
+    pub fn unready(&self) -> Vec<String> {
+        let mut reasons = Vec::new();
+        for source in &self.sources {
+            let phase = source.stats.phase();
+            if !matches!(phase, SourcePhase::Copying | SourcePhase::Streaming) {
+                reasons.push(format!("source `{}` is {}", source.name, phase.as_str()));
+            }
+        }
+        for sink in &self.sinks {
+            let state = sink.state();
+            if state != SinkState::Running {
+                let mut line = format!("sink `{}` is {}", sink.name, state.as_str());
+                if let Some(error) = sink.last_error().filter(|_| state != SinkState::Starting) {
+                    line.push_str(&format!(": {error}"));
+                }
+                reasons.push(line);
+            }
+        }
+        reasons
+    }
+
+    /// Everything, for `/status`.
+    pub fn status(&self) -> Status {
+        let unready = self.unready();
+        Status {
+            ready: unready.is_empty(),
+            unready,
+            sources: self.sources.iter().map(source_status).collect(),
+            sinks: self
+                .sinks
+                .iter()
+                .map(|sink| SinkStatus {
+                    name: sink.name.clone(),
+                    state: sink.state(),
+                    last_error: sink.last_error(),
+                    failures: sink.failures(),
+                    sources: sink.inputs.iter().map(ObservedInput::status).collect(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Sets every gauge and counter of `/metrics` to what is now.
+    pub fn record_metrics(&self) {
+        use metrics::{counter, gauge};
+        for source in &self.sources {
+            let status = source_status(source);
+            let name = source.name.clone();
+            let stats = &source.stats;
+            gauge!("walbridge_source_received_lsn", "source" => name.clone())
+                .set(stats.received.load(Ordering::Relaxed) as f64);
+            gauge!("walbridge_source_confirmed_lsn", "source" => name.clone())
+                .set(stats.confirmed.load(Ordering::Relaxed) as f64);
+            counter!("walbridge_source_transactions_total", "source" => name.clone())
+                .absolute(status.transactions);
+            for (operation, n) in OPERATIONS.iter().zip(stats.changes()) {
+                counter!("walbridge_source_changes_total", "source" => name.clone(), "operation" => *operation)
+                    .absolute(n);
+            }
+            counter!("walbridge_source_reconnects_total", "source" => name.clone())
+                .absolute(status.reconnects);
+            for phase in SourcePhase::ALL {
+                gauge!("walbridge_source_state", "source" => name.clone(), "state" => phase.as_str())
+                    .set(if phase == stats.phase() { 1.0 } else { 0.0 });
+            }
+            counter!("walbridge_snapshot_rows_total", "source" => name.clone())
+                .absolute(status.snapshot.rows);
+            counter!("walbridge_snapshot_bytes_total", "source" => name.clone())
+                .absolute(status.snapshot.bytes);
+            gauge!("walbridge_snapshot_tables_done", "source" => name.clone())
+                .set(status.snapshot.tables_done as f64);
+            gauge!("walbridge_snapshot_tables", "source" => name.clone())
+                .set(status.snapshot.tables_total as f64);
+            gauge!("walbridge_log_bytes", "source" => name.clone()).set(status.log.bytes as f64);
+            gauge!("walbridge_log_first_record", "source" => name.clone())
+                .set(status.log.first_record as f64);
+            gauge!("walbridge_log_next_record", "source" => name.clone())
+                .set(status.log.next_record as f64);
+            gauge!("walbridge_log_last_lsn", "source" => name)
+                .set(source.log.head().last_lsn.0 as f64);
+        }
+        for sink in &self.sinks {
+            let name = sink.name.clone();
+            let state = sink.state();
+            for s in SinkState::ALL {
+                gauge!("walbridge_sink_state", "sink" => name.clone(), "state" => s.as_str())
+                    .set(if s == state { 1.0 } else { 0.0 });
+            }
+            counter!("walbridge_sink_failures_total", "sink" => name.clone())
+                .absolute(sink.failures());
+            for input in &sink.inputs {
+                let status = input.status();
+                let acked = *input.acked.borrow();
+                let labels = [("sink", name.clone()), ("source", input.source.clone())];
+                gauge!("walbridge_sink_acked_lsn", &labels).set(acked.lsn.0 as f64);
+                gauge!("walbridge_sink_cursor", &labels).set(status.cursor as f64);
+                gauge!("walbridge_sink_lag_records", &labels).set(status.lag_records as f64);
+                gauge!("walbridge_sink_lag_bytes", &labels).set(status.lag_bytes as f64);
+            }
+        }
+    }
+}
+
+fn source_status(source: &ObservedSource) -> SourceStatus {
+    let stats = &source.stats;
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let head = source.log.head();
+    SourceStatus {
+        name: source.name.clone(),
+        state: stats.phase().as_str(),
+        received_lsn: walbridge_core::Lsn(load(&stats.received)).to_string(),
+        confirmed_lsn: walbridge_core::Lsn(load(&stats.confirmed)).to_string(),
+        transactions: load(&stats.transactions),
+        changes: OPERATIONS
+            .iter()
+            .zip(stats.changes())
+            .map(|(op, n)| ((*op).to_owned(), n.into()))
+            .collect(),
+        reconnects: load(&stats.reconnects),
+        snapshot: SnapshotStatus {
+            tables_done: load(&stats.snapshot.tables_done),
+            tables_total: load(&stats.snapshot.tables_total),
+            rows: load(&stats.snapshot.rows),
+            bytes: load(&stats.snapshot.bytes),
+        },
+        log: LogStatus {
+            first_record: source.log.first_seq(),
+            next_record: head.next_seq,
+            last_lsn: head.last_lsn.to_string(),
+            bytes: source.log.size(),
+        },
+    }
+}

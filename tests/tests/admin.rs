@@ -1,0 +1,171 @@
+//! The admin endpoint of a running walbridge: `/metrics` (read by
+//! Prometheus's own parser), `/status`, `/healthz` and `/readyz`,
+//! following a postgres sink that stops on a conflict and goes on after
+//! `walbridge skip`.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use walbridge_tests::Cluster;
+use walbridge_tests::admin::{Sample, get, metrics, value};
+use walbridge_tests::walbridge::Deployment;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// Waits until `/readyz` answers `status`; returns its body.
+fn wait_readyz(address: &str, status: u16) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (got, body) = get(address, "/readyz");
+        if got == status {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz stayed {got} ({body}), not {status}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until `/metrics` says `name{labels}` is `expected`; returns the scrape.
+fn wait_metric(address: &str, name: &str, labels: &[(&str, &str)], expected: f64) -> Vec<Sample> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let samples = metrics(address);
+        let found = value(&samples, name, labels);
+        if found == Some(expected) {
+            return samples;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}{labels:?} stayed {found:?}, not {expected}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn metrics_status_and_readiness_follow_a_sink_stopped_on_a_conflict() {
+    let publisher = Cluster::start();
+    let target = Cluster::start();
+    let ddl = "CREATE TABLE t (id int PRIMARY KEY, v text)";
+    publisher.psql(ddl);
+    target.psql(ddl);
+    publisher.psql(
+        "CREATE PUBLICATION pub FOR TABLE t;
+         INSERT INTO t SELECT g, 'copied' FROM generate_series(1, 10) g;",
+    );
+    let wb = Deployment::new();
+    wb.configure_sinks(
+        &publisher.superuser(),
+        &["pub"],
+        "",
+        &format!(
+            "[[sink]]\nname = \"replica\"\ntype = \"postgres\"\nconnection = \"{}\"\n",
+            target.superuser()
+        ),
+    );
+    let running = wb.start();
+    let admin = wb.admin_address(WAIT);
+    assert_eq!(get(&admin, "/healthz"), (200, "ok\n".to_owned()));
+    publisher.wait_for_streaming(WAIT);
+    assert_eq!(wait_readyz(&admin, 200), "ready\n");
+
+    // Five transactions of one insert each, after the copy of ten rows.
+    for id in 11..=15 {
+        publisher.psql(&format!("INSERT INTO t VALUES ({id}, 'streamed')"));
+    }
+    let labels = [("sink", "replica"), ("source", "src")];
+    let src = [("source", "src")];
+    wait_metric(&admin, "walbridge_source_transactions_total", &src, 5.0);
+    let samples = wait_metric(&admin, "walbridge_sink_lag_records", &labels, 0.0);
+    assert_eq!(
+        value(
+            &samples,
+            "walbridge_source_changes_total",
+            &[("source", "src"), ("operation", "insert")]
+        ),
+        Some(5.0)
+    );
+    assert_eq!(
+        value(&samples, "walbridge_snapshot_rows_total", &src),
+        Some(10.0)
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "walbridge_source_state",
+            &[("source", "src"), ("state", "streaming")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "walbridge_sink_state",
+            &[("sink", "replica"), ("state", "running")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(value(&samples, "walbridge_sink_lag_bytes", &labels), Some(0.0));
+    let confirmed = value(&samples, "walbridge_source_confirmed_lsn", &src).unwrap_or(0.0);
+    assert!(confirmed > 0.0, "{samples:#?}");
+    assert!(
+        value(&samples, "process_resident_memory_bytes", &[]).is_some_and(|v| v > 0.0),
+        "{samples:#?}"
+    );
+    let (status, body) = get(&admin, "/status");
+    assert_eq!(status, 200, "{body}");
+    let json: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!(json["ready"], true, "{json:#}");
+    assert_eq!(json["sources"][0]["name"], "src", "{json:#}");
+    assert_eq!(json["sources"][0]["state"], "streaming", "{json:#}");
+    assert_eq!(json["sources"][0]["transactions"], 5, "{json:#}");
+    assert_eq!(json["sinks"][0]["name"], "replica", "{json:#}");
+    assert_eq!(json["sinks"][0]["state"], "running", "{json:#}");
+    assert_eq!(json["sinks"][0]["sources"][0]["lag_records"], 0, "{json:#}");
+
+    // A row the target already has: the sink stops on that transaction,
+    // the pipeline is not ready, the lag shows, and `/readyz` says why.
+    target.psql("INSERT INTO t VALUES (100, 'target')");
+    publisher.psql("INSERT INTO t VALUES (100, 'publisher')");
+    let body = wait_readyz(&admin, 503);
+    assert!(
+        body.contains("sink `replica` is retrying") && body.contains("duplicate key"),
+        "{body}"
+    );
+    let samples = wait_metric(
+        &admin,
+        "walbridge_sink_state",
+        &[("sink", "replica"), ("state", "retrying")],
+        1.0,
+    );
+    assert_eq!(value(&samples, "walbridge_sink_lag_records", &labels), Some(1.0));
+    assert!(
+        value(&samples, "walbridge_sink_failures_total", &[("sink", "replica")])
+            .is_some_and(|v| v >= 1.0),
+        "{samples:#?}"
+    );
+    // The source goes on meanwhile.
+    assert_eq!(get(&admin, "/healthz").0, 200);
+
+    // Skipped (once the sink has found which transaction it is: a batch
+    // that fails is applied again one transaction at a time), the sink goes
+    // on, acknowledges, and the pipeline is ready again.
+    wb.wait_for_log("stopped on transaction", WAIT);
+    let out = wb.command(&["skip", "--sink", "replica"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    publisher.psql("INSERT INTO t VALUES (16, 'after the skip')");
+    assert_eq!(wait_readyz(&admin, 200), "ready\n");
+    wait_metric(&admin, "walbridge_sink_lag_records", &labels, 0.0);
+    assert_eq!(
+        target.psql("SELECT count(*) FROM t WHERE v <> 'target'"),
+        "16"
+    );
+    assert!(running.stop(WAIT).success(), "{}", wb.log());
+}
