@@ -30,7 +30,10 @@ pub fn get(address: &str, path: &str) -> (u16, String) {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("GET {path}: no status in {head:?}"));
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         unchunk(body)
     } else {
         body.to_owned()

@@ -108,7 +108,10 @@ fn metrics_status_and_readiness_follow_a_sink_stopped_on_a_conflict() {
         ),
         Some(1.0)
     );
-    assert_eq!(value(&samples, "walbridge_sink_lag_bytes", &labels), Some(0.0));
+    assert_eq!(
+        value(&samples, "walbridge_sink_lag_bytes", &labels),
+        Some(0.0)
+    );
     let confirmed = value(&samples, "walbridge_source_confirmed_lsn", &src).unwrap_or(0.0);
     assert!(confirmed > 0.0, "{samples:#?}");
     assert!(
@@ -141,10 +144,17 @@ fn metrics_status_and_readiness_follow_a_sink_stopped_on_a_conflict() {
         &[("sink", "replica"), ("state", "retrying")],
         1.0,
     );
-    assert_eq!(value(&samples, "walbridge_sink_lag_records", &labels), Some(1.0));
+    assert_eq!(
+        value(&samples, "walbridge_sink_lag_records", &labels),
+        Some(1.0)
+    );
     assert!(
-        value(&samples, "walbridge_sink_failures_total", &[("sink", "replica")])
-            .is_some_and(|v| v >= 1.0),
+        value(
+            &samples,
+            "walbridge_sink_failures_total",
+            &[("sink", "replica")]
+        )
+        .is_some_and(|v| v >= 1.0),
         "{samples:#?}"
     );
     // The source goes on meanwhile.
