@@ -126,6 +126,11 @@ impl Deployment {
 
     /// Starts `walbridge run`.
     pub fn start(&self) -> Running {
+        self.start_with_env(&[])
+    }
+
+    /// Starts `walbridge run` with more environment variables.
+    pub fn start_with_env(&self, env: &[(&str, &str)]) -> Running {
         let stderr = std::fs::File::options()
             .create(true)
             .append(true)
@@ -137,6 +142,7 @@ impl Deployment {
             .env("RUST_LOG", "info")
             // Tests run side by side: any free port (see `admin_address`).
             .env("WALBRIDGE_ADMIN_LISTEN", "127.0.0.1:0")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)
@@ -154,6 +160,8 @@ impl Deployment {
         full.extend(&args[1..]);
         Command::new(binary())
             .args(&full)
+            // `run` through here too: any free port.
+            .env("WALBRIDGE_ADMIN_LISTEN", "127.0.0.1:0")
             .stdin(Stdio::null())
             .output()
             .unwrap_or_else(|e| panic!("cannot run walbridge: {e}"))
@@ -162,7 +170,13 @@ impl Deployment {
     /// The address the admin endpoint of the running walbridge listens
     /// on, as its log says.
     pub fn admin_address(&self, timeout: Duration) -> String {
-        let log = self.wait_for_log("admin endpoint serving", timeout);
+        self.admin_address_after(0, timeout)
+    }
+
+    /// As [`Deployment::admin_address`], for the process that logs past
+    /// the log's first `seen` bytes (one started again).
+    pub fn admin_address_after(&self, seen: usize, timeout: Duration) -> String {
+        let log = self.wait_for_log_after(seen, "admin endpoint serving", timeout);
         log.lines()
             .rev()
             .find(|l| l.contains("admin endpoint serving"))

@@ -177,5 +177,134 @@ fn metrics_status_and_readiness_follow_a_sink_stopped_on_a_conflict() {
         target.psql("SELECT count(*) FROM t WHERE v <> 'target'"),
         "16"
     );
+
+    // `walbridge status` asks the running process…
+    let out = wb.command(&["status"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(&format!(
+            "walbridge is running (pid {}): ready",
+            running.pid()
+        )) && text.contains("source src: streaming")
+            && text.contains("sink replica: running")
+            && text.contains("behind by 0 records"),
+        "{text}"
+    );
+    let out = wb.command(&["status", "--json"]);
+    let json: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    assert_eq!(json["pid"], running.pid(), "{json:#}");
+    assert_eq!(json["sinks"][0]["state"], "running", "{json:#}");
+    let cursor = json["sinks"][0]["sources"][0]["cursor"].clone();
+    assert!(running.stop(WAIT).success(), "{}", wb.log());
+
+    // …and without it, reads the data_dir and the publisher's slot.
+    let out = wb.command(&["status"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("walbridge is not running")
+            && text.contains("slot walbridge_src: confirmed ")
+            && text.contains("not in use")
+            && text.contains(&format!("from src: cursor {cursor}")),
+        "{text}"
+    );
+}
+
+/// What `/status` says of the first sink.
+fn sink_status(address: &str) -> Value {
+    let (status, body) = get(address, "/status");
+    assert_eq!(status, 200, "{body}");
+    let json: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    json["sinks"][0].clone()
+}
+
+/// Waits until `/status` says the first sink is `state`.
+fn wait_sink_state(address: &str, state: &str) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let sink = sink_status(address);
+        if sink["state"] == state {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sink stayed {sink}, not {state}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_paused_sink_falls_behind_and_catches_up_after_resume_even_across_a_restart() {
+    let pg = Cluster::start();
+    pg.psql("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE t");
+    let wb = Deployment::new();
+    wb.configure(&pg, "postgres", "pub", "copy_data = false");
+    let running = wb.start();
+    let admin = wb.admin_address(WAIT);
+    pg.wait_for_streaming(WAIT);
+    pg.psql("INSERT INTO t VALUES (1)");
+    wb.wait_for_lines(1, WAIT);
+
+    let out = wb.command(&["pause", "--sink", "out"]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains(&format!(
+            "sink `out` paused: the walbridge running on this data_dir (pid {}) follows within a second",
+            running.pid()
+        )),
+        "{said}"
+    );
+    wait_sink_state(&admin, "paused");
+    // The source goes on; the sink falls behind by each transaction.
+    for id in 2..=6 {
+        pg.psql(&format!("INSERT INTO t VALUES ({id})"));
+    }
+    let labels = [("sink", "out"), ("source", "src")];
+    wait_metric(&admin, "walbridge_sink_lag_records", &labels, 5.0);
+    // A pause is asked for: it does not make the pipeline unready.
+    assert_eq!(get(&admin, "/readyz"), (200, "ready\n".to_owned()));
+    assert_eq!(wb.lines().len(), 1);
+
+    // Still paused after a restart.
+    assert!(running.stop(WAIT).success(), "{}", wb.log());
+    let seen = wb.log().len();
+    let running = wb.start();
+    let admin = wb.admin_address_after(seen, WAIT);
+    wait_sink_state(&admin, "paused");
+    pg.psql("INSERT INTO t VALUES (7)");
+    wait_metric(&admin, "walbridge_sink_lag_records", &labels, 6.0);
+    assert_eq!(wb.lines().len(), 1);
+
+    let out = wb.command(&["resume", "--sink", "out"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wb.wait_for_lines(7, WAIT);
+    wait_metric(&admin, "walbridge_sink_lag_records", &labels, 0.0);
+    wait_sink_state(&admin, "running");
+    let ids: Vec<i64> = wb
+        .lines()
+        .iter()
+        .filter_map(|l| l["after"]["id"].as_i64())
+        .collect();
+    assert_eq!(ids, (1..=7).collect::<Vec<_>>());
     assert!(running.stop(WAIT).success(), "{}", wb.log());
 }

@@ -392,3 +392,50 @@ fn long_work_says_how_far_it_has_come() {
     }
     assert_eq!(running.stop(WAIT).code(), Some(0), "log:\n{}", wb.log());
 }
+
+#[test]
+fn logs_for_containers_are_json_lines_with_their_fields() {
+    let pg = Cluster::start();
+    publish(&pg);
+    let wb = Deployment::new();
+    wb.configure(&pg, "postgres", "pub", "copy_data = false");
+    let running = wb.start_with_env(&[("WALBRIDGE_LOG_FORMAT", "json")]);
+    pg.wait_for_streaming(WAIT);
+    insert(&pg, (1, 10), 10, 10);
+    assert_inserted_once(&wb, 10);
+    assert_eq!(running.stop(WAIT).code(), Some(0), "{}", wb.log());
+    let log = wb.log();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    for line in &lines {
+        assert!(
+            line["timestamp"].is_string()
+                && line["level"].is_string()
+                && line["message"].is_string(),
+            "{line}"
+        );
+    }
+    let streaming = lines
+        .iter()
+        .find(|l| l["message"] == "streaming changes")
+        .unwrap_or_else(|| panic!("no `streaming changes` line:\n{log}"));
+    assert_eq!(streaming["level"], "INFO", "{streaming}");
+    assert_eq!(streaming["source"], "src", "{streaming}");
+    assert_eq!(streaming["slot"], "walbridge_src", "{streaming}");
+
+    // A log filter that does not parse is refused, not replaced.
+    let out = std::process::Command::new(walbridge_tests::walbridge::binary())
+        .args(["--log", "walbridge_source=loudly", "check", "-c"])
+        .arg(wb.config_path())
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        last_line(&out).contains("--log = \"walbridge_source=loudly\" is not a log filter"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -20,6 +20,11 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use crate::error::RuntimeError;
 use crate::status::Observed;
 
+/// The file in `data_dir` naming the address the running process's admin
+/// endpoint listens on (trusted only while that process holds the
+/// data_dir's lock).
+pub const ADDRESS_FILE: &str = "admin.address";
+
 /// What the handlers share.
 struct Admin {
     observed: Arc<Observed>,
@@ -28,9 +33,11 @@ struct Admin {
 }
 
 /// Listens on `listen` and serves the endpoint for as long as the
-/// returned task runs. Installs the process's metrics recorder.
+/// returned task runs; writes the address into `data_dir` (for
+/// `walbridge status`). Installs the process's metrics recorder.
 pub async fn serve(
     listen: &str,
+    data_dir: &std::path::Path,
     observed: Arc<Observed>,
 ) -> Result<tokio::task::JoinHandle<()>, RuntimeError> {
     let failed = |what: String| {
@@ -47,6 +54,9 @@ pub async fn serve(
     let address: SocketAddr = listener
         .local_addr()
         .map_err(failed("cannot tell its address".into()))?;
+    std::fs::write(data_dir.join(ADDRESS_FILE), format!("{address}\n")).map_err(failed(
+        format!("cannot write {}", data_dir.join(ADDRESS_FILE).display()),
+    ))?;
     let prometheus =
         PrometheusBuilder::new()
             .install_recorder()
@@ -105,4 +115,30 @@ async fn readyz(State(admin): State<Arc<Admin>>) -> Response {
 
 async fn status(State(admin): State<Arc<Admin>>) -> Json<crate::status::Status> {
     Json(admin.observed.status())
+}
+
+/// Asks the walbridge running on `data_dir` for its `/status`.
+pub async fn running_status(data_dir: &std::path::Path) -> Result<serde_json::Value, RuntimeError> {
+    let file = data_dir.join(ADDRESS_FILE);
+    let failed = |what: String| {
+        move |e: Box<dyn std::error::Error + Send + Sync>| RuntimeError::Admin { what, error: e }
+    };
+    let address = std::fs::read_to_string(&file)
+        .map_err(|e| failed(format!("cannot read {}", file.display()))(e.into()))?;
+    let url = format!("http://{}/status", address.trim());
+    // rustls needs a process-wide provider; an earlier install wins.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(10))
+        .build()
+        .map_err(|e| failed("cannot set up an HTTP client".into())(e.into()))?;
+    let response = client
+        .get(&url)
+        .send()
+        .await
+        .map_err(|e| failed(format!("cannot reach {url}"))(e.into()))?;
+    response
+        .json()
+        .await
+        .map_err(|e| failed(format!("{url} answered no status"))(e.into()))
 }

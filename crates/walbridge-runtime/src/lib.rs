@@ -12,13 +12,15 @@
 //! * [`status`] and the admin endpoint (`[admin] listen`): what the
 //!   pipeline shows of itself — `/metrics`, `/healthz`, `/readyz`,
 //!   `/status`.
+//! * [`pause`]: sinks paused and resumed, across restarts.
 //! * [`report`]: errors as people read them.
 
-mod admin;
+pub mod admin;
 pub mod config;
 pub mod data_dir;
 mod error;
 mod log_config;
+pub mod pause;
 pub mod pipeline;
 pub mod report;
 pub mod status;

@@ -178,7 +178,10 @@ pub async fn run(config: Config) -> Result<(), RuntimeError> {
                     name.to_owned(),
                     inputs,
                     health,
-                    closing_rx.clone(),
+                    Watches {
+                        closing: closing_rx.clone(),
+                        paused: crate::pause::watch(&config.data_dir, name),
+                    },
                     config.progress_interval.0,
                 )),
             ));
@@ -192,7 +195,7 @@ pub async fn run(config: Config) -> Result<(), RuntimeError> {
     let _admin = match config.admin.listen.as_str() {
         "" => None,
         listen => Some(AbortOnDrop(
-            crate::admin::serve(listen, Arc::new(observed)).await?,
+            crate::admin::serve(listen, &config.data_dir, Arc::new(observed)).await?,
         )),
     };
 
@@ -405,6 +408,14 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// What a sink's supervisor watches besides the sink.
+struct Watches {
+    /// The logs are closing: read to their end and stop.
+    closing: watch::Receiver<bool>,
+    /// `walbridge pause` / `resume`.
+    paused: watch::Receiver<bool>,
+}
+
 /// Why one run of a sink ended.
 enum SinkStop {
     /// Reading the log failed: corruption, a position removed, the sink dropped. Retrying cannot help.
@@ -420,11 +431,32 @@ async fn supervise(
     name: String,
     inputs: Vec<SourceLog>,
     health: Arc<SinkHealth>,
-    closing: watch::Receiver<bool>,
+    watches: Watches,
     progress_interval: Duration,
 ) -> Result<(), RuntimeError> {
+    let Watches {
+        closing,
+        mut paused,
+    } = watches;
     let mut backoff = FIRST_BACKOFF;
     loop {
+        if *paused.borrow_and_update() {
+            let before = health.state();
+            health.set(SinkState::Paused);
+            tracing::info!(sink = %name, "paused (walbridge resume goes on); its sources keep writing their logs");
+            let mut closing = closing.clone();
+            tokio::select! {
+                _ = paused.wait_for(|p| !*p) => {}
+                _ = closing.wait_for(|c| *c) => return Ok(()),
+            }
+            tracing::info!(sink = %name, "resumed");
+            // Running again as soon as it resumes, unless it was failing.
+            health.set(if before == SinkState::Retrying {
+                SinkState::Retrying
+            } else {
+                SinkState::Starting
+            });
+        }
         let started = std::time::Instant::now();
         // Starting may block (a FIFO waits for its reader): not on a runtime thread.
         let starting = sink.clone();
@@ -436,7 +468,10 @@ async fn supervise(
                     &name,
                     &inputs,
                     &health,
-                    closing.clone(),
+                    Watches {
+                        closing: closing.clone(),
+                        paused: paused.clone(),
+                    },
                     progress_interval,
                 )
                 .await
@@ -447,6 +482,8 @@ async fn supervise(
             )))),
         };
         let e = match outcome {
+            // Paused while running: it stored its cursor; wait for resume.
+            Ok(()) if *paused.borrow() && !*closing.borrow() => continue,
             Ok(()) => return Ok(()),
             Err(SinkStop::Log(e)) => return Err(stopped_for_good(&name, &health, e)),
             Err(SinkStop::Sink(error)) => {
@@ -499,16 +536,19 @@ fn stopped_while_retrying(name: &str, e: &RuntimeError) {
 
 /// One run of a sink: a feeder thread per source reads the log from the
 /// sink's cursor into the sink's queue.
-#[allow(clippy::too_many_arguments)]
 async fn run_sink(
     mut run: Box<dyn walbridge_sink::SinkRun>,
     sink: &dyn Sink,
     name: &str,
     inputs: &[SourceLog],
     health: &Arc<SinkHealth>,
-    closing: watch::Receiver<bool>,
+    watches: Watches,
     progress_interval: Duration,
 ) -> Result<(), SinkStop> {
+    let Watches {
+        closing,
+        mut paused,
+    } = watches;
     let starts = run.resume(inputs).await.map_err(SinkStop::Sink)?;
     let _settle = AbortOnDrop(tokio::spawn(settle(
         health.clone(),
@@ -516,6 +556,14 @@ async fn run_sink(
     )));
     let (tx, rx) = mpsc::channel::<Routed>(SINK_QUEUE);
     let abort = Arc::new(watch::Sender::new(false));
+    // Paused: the feeders stop, the sink takes what it was given, stores
+    // its cursor and ends.
+    let pausing = abort.clone();
+    let _pause = AbortOnDrop(tokio::spawn(async move {
+        if paused.wait_for(|p| *p).await.is_ok() {
+            pausing.send_replace(true);
+        }
+    }));
     let mut feeders = Vec::new();
     for (input, start) in inputs.iter().zip(starts) {
         let reader = input

@@ -28,15 +28,18 @@ pub enum SinkState {
     Retrying,
     /// Stopped by a failure no retry cures.
     Stopped,
+    /// Paused by `walbridge pause`.
+    Paused,
 }
 
 impl SinkState {
     /// Every state, in the order of their numbers.
-    pub const ALL: [SinkState; 4] = [
+    pub const ALL: [SinkState; 5] = [
         SinkState::Starting,
         SinkState::Running,
         SinkState::Retrying,
         SinkState::Stopped,
+        SinkState::Paused,
     ];
 
     /// The state's name in status and metrics.
@@ -46,6 +49,7 @@ impl SinkState {
             SinkState::Running => "running",
             SinkState::Retrying => "retrying",
             SinkState::Stopped => "stopped",
+            SinkState::Paused => "paused",
         }
     }
 }
@@ -130,9 +134,10 @@ impl ObservedSink {
     fn worst(&self) -> Option<&SinkHealth> {
         let rank = |s: SinkState| match s {
             SinkState::Running => 0,
-            SinkState::Starting => 1,
-            SinkState::Retrying => 2,
-            SinkState::Stopped => 3,
+            SinkState::Paused => 1,
+            SinkState::Starting => 2,
+            SinkState::Retrying => 3,
+            SinkState::Stopped => 4,
         };
         self.units
             .iter()
@@ -273,7 +278,8 @@ impl ObservedInput {
 
 impl Observed {
     /// Why the pipeline is not ready, a line each: a source that is not
-    /// copying or streaming, a sink that is not running. Empty when ready.
+    /// copying or streaming, a sink that is neither running nor paused (a
+    /// pause is asked for). Empty when ready.
     pub fn unready(&self) -> Vec<String> {
         let mut reasons = Vec::new();
         for source in &self.sources {
@@ -284,7 +290,7 @@ impl Observed {
         }
         for sink in &self.sinks {
             let state = sink.state();
-            if state != SinkState::Running {
+            if !matches!(state, SinkState::Running | SinkState::Paused) {
                 let mut line = format!("sink `{}` is {}", sink.name, state.as_str());
                 if let Some(error) = sink.last_error().filter(|_| state != SinkState::Starting) {
                     line.push_str(&format!(": {error}"));

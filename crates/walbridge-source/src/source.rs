@@ -265,6 +265,17 @@ impl Source {
         )
     }
 
+    /// The source's slot as the publisher shows it (`pg_replication_slots`),
+    /// `None` when it does not exist.
+    pub async fn slot(&self) -> Result<Option<slot::SlotInfo>, SourceError> {
+        let mut conn = ReplicationConnection::connect(&self.params, self.config.application_name())
+            .await
+            .map_err(|e| self.err(e))?;
+        slot::slot_info(&mut conn, &self.config.slot_name())
+            .await
+            .map_err(|e| self.err(e))
+    }
+
     /// Drops the source's slot (if it exists) and its state.
     pub async fn drop_slot_and_state(&self) -> Result<bool, SourceError> {
         let mut conn = ReplicationConnection::connect(&self.params, self.config.application_name())

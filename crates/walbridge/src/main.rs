@@ -4,8 +4,10 @@
 
 mod check;
 mod drop;
+mod pause;
 mod run;
 mod skip;
+mod status;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -52,6 +54,19 @@ struct Cli {
     /// (also RUST_LOG).
     #[arg(long, global = true, default_value = "info", env = "WALBRIDGE_LOG")]
     log: String,
+
+    /// How log lines are written: `text`, for people (colored on a
+    /// terminal), or `json`, one object per line with `timestamp`,
+    /// `level`, `message` and the event's fields (`source`, `sink`,
+    /// `table`, `lsn`, …), for log collectors.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "WALBRIDGE_LOG_FORMAT"
+    )]
+    log_format: LogFormat,
 
     #[command(subcommand)]
     command: Command,
@@ -102,6 +117,41 @@ enum Command {
         #[arg(long, value_name = "X/Y")]
         lsn: Option<walbridge_core::Lsn>,
     },
+    /// Show every source and sink: state, positions, lag, last error.
+    ///
+    /// Asks the walbridge running on the configuration's data_dir through
+    /// its admin endpoint; when none runs, shows each source's slot on the
+    /// publisher and each sink's stored cursor.
+    Status {
+        /// The configuration file.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+        /// Print JSON (what the admin endpoint's /status serves).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pause a sink (like ALTER SUBSCRIPTION … DISABLE).
+    ///
+    /// The sink stores its cursor and takes no more changes, also after a
+    /// restart, until `walbridge resume`; its sources keep writing their
+    /// logs meanwhile.
+    Pause {
+        /// The configuration file.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+        /// The sink.
+        #[arg(long, value_name = "NAME")]
+        sink: String,
+    },
+    /// Resume a paused sink (like ALTER SUBSCRIPTION … ENABLE).
+    Resume {
+        /// The configuration file.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+        /// The sink.
+        #[arg(long, value_name = "NAME")]
+        sink: String,
+    },
     /// Drop sources' replication slots and state (like DROP SUBSCRIPTION).
     ///
     /// The next `run` starts over: a new slot and a fresh copy of the tables.
@@ -115,16 +165,41 @@ enum Command {
     },
 }
 
-fn init_logging(filter: &str) {
-    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| filter.to_owned());
-    let filter = tracing_subscriber::EnvFilter::try_new(&filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogFormat {
+    /// For people.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Logs to stderr, filtered by `filter` (or RUST_LOG), in `format`; a
+/// filter that does not parse is refused, not replaced.
+fn init_logging(filter: &str, format: LogFormat) -> Result<(), String> {
+    let (filter, from) = match std::env::var("RUST_LOG") {
+        Ok(f) => (f, "RUST_LOG"),
+        Err(_) => (filter.to_owned(), "--log"),
+    };
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter).map_err(|e| {
+        format!("{from} = \"{filter}\" is not a log filter ({e}): write e.g. info, debug or walbridge_source=trace")
+    })?;
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .init();
+        .with_target(false);
+    match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .init(),
+    }
+    Ok(())
 }
 
 struct Failure {
@@ -167,7 +242,10 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
     let cli = Cli::parse();
-    init_logging(&cli.log);
+    if let Err(e) = init_logging(&cli.log, cli.log_format) {
+        eprintln!("walbridge: {e}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -184,6 +262,9 @@ fn main() -> ExitCode {
             Command::Check { config } => check::check(config).await,
             Command::Drop { config, source } => drop::drop_sources(config, source.as_deref()).await,
             Command::Skip { config, sink, lsn } => skip::skip(config, sink, *lsn).await,
+            Command::Status { config, json } => status::status(config, *json).await,
+            Command::Pause { config, sink } => pause::set_paused(config, sink, true),
+            Command::Resume { config, sink } => pause::set_paused(config, sink, false),
         }
     });
     // A sink stuck in a blocking write (a pipe nobody reads) must not keep

@@ -18,6 +18,8 @@ pub async fn run_pipeline(path: &std::path::Path) -> Result<(), Failure> {
     pipeline::run(config).await.map_err(|error| Failure {
         code: match &error {
             RuntimeError::Source(e) if e.is_prerequisite() => EXIT_PREREQUISITE,
+            // An address in use, like a data_dir that cannot be written.
+            RuntimeError::Admin { .. } => EXIT_PREREQUISITE,
             _ => EXIT_FAILURE,
         },
         error: error.into(),
