@@ -12,37 +12,34 @@ use walbridge_tests::walbridge::Deployment;
 
 const WAIT: Duration = Duration::from_secs(90);
 
-/// Waits until `/readyz` answers `status`; returns its body.
-fn wait_readyz(address: &str, status: u16) -> String {
+/// Asks `ask` every 100 ms until `done` holds for its answer, which it
+/// returns; after [`WAIT`], fails with `what` and the last answer.
+fn wait_until<T: std::fmt::Debug>(what: &str, ask: impl Fn() -> T, done: impl Fn(&T) -> bool) -> T {
     let deadline = Instant::now() + WAIT;
     loop {
-        let (got, body) = get(address, "/readyz");
-        if got == status {
-            return body;
+        let answer = ask();
+        if done(&answer) {
+            return answer;
         }
-        assert!(
-            Instant::now() < deadline,
-            "/readyz stayed {got} ({body}), not {status}"
-        );
+        assert!(Instant::now() < deadline, "{what}: still {answer:?}");
         std::thread::sleep(Duration::from_millis(100));
     }
 }
 
+/// Waits until `/readyz` answers `status`; returns its body.
+fn wait_readyz(address: &str, status: u16) -> String {
+    let what = format!("/readyz answering {status}");
+    wait_until(&what, || get(address, "/readyz"), |(got, _)| *got == status).1
+}
+
 /// Waits until `/metrics` says `name{labels}` is `expected`; returns the scrape.
 fn wait_metric(address: &str, name: &str, labels: &[(&str, &str)], expected: f64) -> Vec<Sample> {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let samples = metrics(address);
-        let found = value(&samples, name, labels);
-        if found == Some(expected) {
-            return samples;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name}{labels:?} stayed {found:?}, not {expected}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let what = format!("{name}{labels:?} = {expected}");
+    wait_until(
+        &what,
+        || metrics(address),
+        |samples| value(samples, name, labels) == Some(expected),
+    )
 }
 
 #[test]
@@ -230,18 +227,12 @@ fn sink_status(address: &str) -> Value {
 
 /// Waits until `/status` says the first sink is `state`.
 fn wait_sink_state(address: &str, state: &str) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let sink = sink_status(address);
-        if sink["state"] == state {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the sink stayed {sink}, not {state}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let what = format!("the sink {state}");
+    wait_until(
+        &what,
+        || sink_status(address),
+        |sink| sink["state"] == state,
+    );
 }
 
 #[test]
