@@ -161,12 +161,7 @@ fn metrics_status_and_readiness_follow_a_sink_stopped_on_a_conflict() {
     // that fails is applied again one transaction at a time), the sink goes
     // on, acknowledges, and the pipeline is ready again.
     wb.wait_for_log("stopped on transaction", WAIT);
-    let out = wb.command(&["skip", "--sink", "replica"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&wb, &["skip", "--sink", "replica"]);
     publisher.psql("INSERT INTO t VALUES (16, 'after the skip')");
     assert_eq!(wait_readyz(&admin, 200), "ready\n");
     wait_metric(&admin, "walbridge_sink_lag_records", &labels, 0.0);
@@ -176,13 +171,7 @@ fn metrics_status_and_readiness_follow_a_sink_stopped_on_a_conflict() {
     );
 
     // `walbridge status` asks the running process…
-    let out = wb.command(&["status"]);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = succeeded(&wb, &["status"]);
     assert!(
         text.contains(&format!(
             "walbridge is running (pid {}): ready",
@@ -201,13 +190,7 @@ fn metrics_status_and_readiness_follow_a_sink_stopped_on_a_conflict() {
     assert!(running.stop(WAIT).success(), "{}", wb.log());
 
     // …and without it, reads the data_dir and the publisher's slot.
-    let out = wb.command(&["status"]);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = succeeded(&wb, &["status"]);
     assert!(
         text.contains("walbridge is not running")
             && text.contains("slot walbridge_src: confirmed ")
@@ -215,6 +198,17 @@ fn metrics_status_and_readiness_follow_a_sink_stopped_on_a_conflict() {
             && text.contains(&format!("from src: cursor {cursor}")),
         "{text}"
     );
+}
+
+/// Runs a walbridge command that must succeed; returns what it printed.
+fn succeeded(wb: &Deployment, args: &[&str]) -> String {
+    let out = wb.command(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// What `/status` says of the first sink.
@@ -247,13 +241,7 @@ fn a_paused_sink_falls_behind_and_catches_up_after_resume_even_across_a_restart(
     pg.psql("INSERT INTO t VALUES (1)");
     wb.wait_for_lines(1, WAIT);
 
-    let out = wb.command(&["pause", "--sink", "out"]);
-    let said = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let said = succeeded(&wb, &["pause", "--sink", "out"]);
     assert!(
         said.contains(&format!(
             "sink `out` paused: the walbridge running on this data_dir (pid {}) follows within a second",
@@ -282,12 +270,7 @@ fn a_paused_sink_falls_behind_and_catches_up_after_resume_even_across_a_restart(
     wait_metric(&admin, "walbridge_sink_lag_records", &labels, 6.0);
     assert_eq!(wb.lines().len(), 1);
 
-    let out = wb.command(&["resume", "--sink", "out"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&wb, &["resume", "--sink", "out"]);
     wb.wait_for_lines(7, WAIT);
     wait_metric(&admin, "walbridge_sink_lag_records", &labels, 0.0);
     wait_sink_state(&admin, "running");
