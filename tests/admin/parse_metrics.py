@@ -1,8 +1,10 @@
 """Reads Prometheus text exposition on stdin with prometheus_client's own
-parser and prints every sample as JSON: [{"name", "labels", "value"}].
+parser and prints every sample as JSON: [{"name", "labels", "value"}],
+a value that is not a finite number (NaN: not known now) as null.
 Exits 1 with the parser's complaint when the text does not parse."""
 
 import json
+import math
 import sys
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -12,7 +14,11 @@ def main():
     text = sys.stdin.read()
     try:
         samples = [
-            {"name": s.name, "labels": s.labels, "value": s.value}
+            {
+                "name": s.name,
+                "labels": s.labels,
+                "value": s.value if math.isfinite(s.value) else None,
+            }
             for family in text_string_to_metric_families(text)
             for s in family.samples
         ]

@@ -1,58 +1,34 @@
-//! The admin endpoint as a client sees it: plain HTTP GETs, and `/metrics`
-//! read by Prometheus's own Python parser (`tests/admin/parse_metrics.py`).
+//! The admin endpoint as clients see it: curl, Prometheus's own Python
+//! parser (`tests/admin/parse_metrics.py`) and linter (`promtool check
+//! metrics`), and a headless Chromium.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::Path;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use serde_json::Value;
 
-/// GETs `path` from `address` (`host:port`): the status code and the body.
-pub fn get(address: &str, path: &str) -> (u16, String) {
-    let mut stream =
-        TcpStream::connect(address).unwrap_or_else(|e| panic!("connect {address}: {e}"));
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap_or_else(|e| panic!("GET {path}: {e}"));
-    let mut response = Vec::new();
-    stream
-        .read_to_end(&mut response)
-        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
-    let response = String::from_utf8_lossy(&response).into_owned();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("GET {path}: no status in {head:?}"));
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        unchunk(body)
-    } else {
-        body.to_owned()
-    };
-    (status, body)
+/// GETs `url` with curl, `extra` being further curl arguments (headers,
+/// certificates): the status code and the body. A request that gets no
+/// answer at all (refused, TLS failure) gives status 0 and curl's message.
+pub fn curl(url: &str, extra: &[&str]) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "30", "-o", "-", "-w", "\n%{http_code}"])
+        .args(extra)
+        .arg(url)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run curl: {e}"));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
+    match status.trim().parse() {
+        Ok(status) if out.status.success() => (status, body.to_owned()),
+        _ => (0, String::from_utf8_lossy(&out.stderr).into_owned()),
+    }
 }
 
-/// The body of a chunked response.
-fn unchunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if size == 0 || rest.len() < size {
-            break;
-        }
-        out.push_str(&rest[..size]);
-        body = rest[size..].trim_start_matches("\r\n");
-    }
-    out
+/// GETs `path` from `address` (`host:port`) over plain HTTP.
+pub fn get(address: &str, path: &str) -> (u16, String) {
+    curl(&format!("http://{address}{path}"), &[])
 }
 
 /// One sample of `/metrics`.
@@ -70,6 +46,43 @@ pub struct Sample {
 pub fn metrics(address: &str) -> Vec<Sample> {
     let (status, text) = get(address, "/metrics");
     assert_eq!(status, 200, "{text}");
+    parse_metrics(&text)
+}
+
+/// What `promtool check metrics` says of a scrape of `/metrics` at
+/// `address`: nothing when it accepts it.
+pub fn lint_metrics(address: &str) -> String {
+    let (status, text) = get(address, "/metrics");
+    assert_eq!(status, 200, "{text}");
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run promtool (scripts/test.sh installs it): {e}"));
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(text.as_bytes())
+            .unwrap_or_else(|e| panic!("promtool: {e}"));
+    }
+    let out = child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("promtool: {e}"));
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() {
+        String::new()
+    } else {
+        said
+    }
+}
+
+/// Parses Prometheus text with prometheus_client.
+fn parse_metrics(text: &str) -> Vec<Sample> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("admin/parse_metrics.py");
     let mut child = Command::new(crate::kafka::python())
         .arg(script)
@@ -118,4 +131,48 @@ pub fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<
                     .all(|(k, v)| s.labels[*k].as_str() == Some(*v))
         })
         .map(|s| s.value)
+}
+
+/// What headless Chromium makes of the page at `url`: the DOM after
+/// rendering, and a screenshot kept at `screenshot`.
+pub fn chromium(url: &str, screenshot: &Path) -> String {
+    let profile = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    // The flags keep Chromium off the network it would otherwise reach for.
+    let run = |extra: &[String]| {
+        let out = Command::new("chromium")
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--hide-scrollbars",
+                "--window-size=1200,1400",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .args(extra)
+            .arg(url)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run chromium (scripts/test.sh installs it): {e}"));
+        assert!(
+            out.status.success(),
+            "chromium failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    if let Some(dir) = screenshot.parent() {
+        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    }
+    run(&[format!("--screenshot={}", screenshot.display())]);
+    run(&["--dump-dom".to_owned()])
+}
+
+/// Where tests keep what a person may want to look at afterwards
+/// (screenshots): `target/test-artifacts`.
+pub fn artifacts_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-artifacts")
 }

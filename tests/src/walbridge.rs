@@ -153,6 +153,11 @@ impl Deployment {
 
     /// Runs a walbridge subcommand (`check`, `drop`, …) against the configuration.
     pub fn command(&self, args: &[&str]) -> Output {
+        self.command_with_env(args, &[])
+    }
+
+    /// As [`Deployment::command`], with more environment variables.
+    pub fn command_with_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
         let mut full = vec![args[0], "-c"];
         let config = self.config_path();
         let config = config.to_string_lossy().into_owned();
@@ -162,6 +167,7 @@ impl Deployment {
             .args(&full)
             // `run` through here too: any free port.
             .env("WALBRIDGE_ADMIN_LISTEN", "127.0.0.1:0")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .output()
             .unwrap_or_else(|e| panic!("cannot run walbridge: {e}"))

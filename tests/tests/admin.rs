@@ -1,13 +1,16 @@
 //! The admin endpoint of a running walbridge: `/metrics` (read by
-//! Prometheus's own parser), `/status`, `/healthz` and `/readyz`,
-//! following a postgres sink that stops on a conflict and goes on after
-//! `walbridge skip`.
+//! Prometheus's own parser and linter), `/status`, `/healthz` and
+//! `/readyz`, following a postgres sink that stops on a conflict and goes
+//! on after `walbridge skip`; a paused sink; the status page in Chromium;
+//! TLS and the bearer token.
 
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use walbridge_tests::Cluster;
-use walbridge_tests::admin::{Sample, get, metrics, value};
+use walbridge_tests::admin::{
+    Sample, artifacts_dir, chromium, curl, get, lint_metrics, metrics, value,
+};
 use walbridge_tests::walbridge::Deployment;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -109,6 +112,26 @@ fn metrics_status_and_readiness_follow_a_sink_stopped_on_a_conflict() {
         value(&samples, "walbridge_sink_lag_bytes", &labels),
         Some(0.0)
     );
+    assert_eq!(
+        value(&samples, "walbridge_sink_lag_seconds", &labels),
+        Some(0.0)
+    );
+    // The slot, as the publisher reports it (polled every few seconds).
+    let samples = wait_metric(
+        &admin,
+        "walbridge_slot_wal_status",
+        &[("source", "src"), ("wal_status", "reserved")],
+        1.0,
+    );
+    assert!(
+        value(&samples, "walbridge_source_lag_bytes", &src).is_some_and(|v| v >= 0.0),
+        "{samples:#?}"
+    );
+    assert!(
+        value(&samples, "walbridge_slot_retained_bytes", &src).is_some_and(|v| v > 0.0),
+        "{samples:#?}"
+    );
+    assert_eq!(lint_metrics(&admin), "", "promtool check metrics");
     let confirmed = value(&samples, "walbridge_source_confirmed_lsn", &src).unwrap_or(0.0);
     assert!(confirmed > 0.0, "{samples:#?}");
     assert!(
@@ -256,6 +279,16 @@ fn a_paused_sink_falls_behind_and_catches_up_after_resume_even_across_a_restart(
     }
     let labels = [("sink", "out"), ("source", "src")];
     wait_metric(&admin, "walbridge_sink_lag_records", &labels, 5.0);
+    // The oldest of them has waited since its commit, and waits on.
+    let waited = |samples: &Vec<Sample>| {
+        value(samples, "walbridge_sink_lag_seconds", &labels).unwrap_or(f64::NAN)
+    };
+    let before = wait_until("a lag in seconds", || metrics(&admin), |s| waited(s) > 0.0);
+    wait_until(
+        "the lag in seconds to grow",
+        || metrics(&admin),
+        |s| waited(s) > waited(&before) + 1.0,
+    );
     // A pause is asked for: it does not make the pipeline unready.
     assert_eq!(get(&admin, "/readyz"), (200, "ready\n".to_owned()));
     assert_eq!(wb.lines().len(), 1);
@@ -273,6 +306,7 @@ fn a_paused_sink_falls_behind_and_catches_up_after_resume_even_across_a_restart(
     succeeded(&wb, &["resume", "--sink", "out"]);
     wb.wait_for_lines(7, WAIT);
     wait_metric(&admin, "walbridge_sink_lag_records", &labels, 0.0);
+    wait_metric(&admin, "walbridge_sink_lag_seconds", &labels, 0.0);
     wait_sink_state(&admin, "running");
     let ids: Vec<i64> = wb
         .lines()
@@ -280,5 +314,148 @@ fn a_paused_sink_falls_behind_and_catches_up_after_resume_even_across_a_restart(
         .filter_map(|l| l["after"]["id"].as_i64())
         .collect();
     assert_eq!(ids, (1..=7).collect::<Vec<_>>());
+    assert!(running.stop(WAIT).success(), "{}", wb.log());
+}
+
+#[test]
+fn the_status_page_names_every_source_and_sink_and_draws_their_last_minutes() {
+    let pg = Cluster::start();
+    pg.psql("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE t");
+    let wb = Deployment::new();
+    let out = |name: &str| {
+        wb.path()
+            .join(format!("{name}.jsonl"))
+            .display()
+            .to_string()
+    };
+    wb.configure_sinks(
+        &pg.connstr("postgres", "postgres"),
+        &["pub"],
+        "copy_data = false",
+        &format!(
+            "[[sink]]\nname = \"orders-feed\"\ntype = \"jsonl\"\npath = \"{}\"\n\n\
+             [[sink]]\nname = \"audit\"\ntype = \"jsonl\"\npath = \"{}\"\n",
+            out("orders"),
+            out("audit")
+        ),
+    );
+    let running = wb.start();
+    let admin = wb.admin_address(WAIT);
+    // The page's history takes a sample at once and every 10 s after: a
+    // rate needs two, a line two rates.
+    let until = Instant::now() + Duration::from_secs(23);
+    pg.wait_for_streaming(WAIT);
+    succeeded(&wb, &["pause", "--sink", "audit"]);
+    let mut id = 0;
+    while Instant::now() < until {
+        id += 1;
+        pg.psql(&format!("INSERT INTO t VALUES ({id})"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    wait_sink_state(&admin, "running");
+
+    let screenshot = artifacts_dir().join("status-page.png");
+    let dom = chromium(&format!("http://{admin}/"), &screenshot);
+    for expected in [
+        "<title>walbridge: ready</title>",
+        r#"id="source-src""#,
+        r#"<section class="sink" id="sink-orders-feed"><h3>orders-feed <span class="state good">running</span>"#,
+        r#"<section class="sink" id="sink-audit"><h3>audit <span class="state good">paused</span>"#,
+        "<h4>from src</h4>",
+        "streaming",
+    ] {
+        assert!(dom.contains(expected), "{expected} not in\n{dom}");
+    }
+    // Throughput and lag drawn, for the source and each sink.
+    let lines = dom.matches("<polyline points=").count();
+    assert_eq!(lines, 6, "sparklines in\n{dom}");
+    let png = std::fs::read(&screenshot).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "screenshot of {} bytes",
+        png.len()
+    );
+    assert!(running.stop(WAIT).success(), "{}", wb.log());
+}
+
+#[test]
+fn over_tls_a_token_guards_everything_but_the_probes() {
+    let pg = Cluster::start();
+    pg.psql("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE t");
+    let wb = Deployment::new();
+    wb.configure(&pg, "postgres", "pub", "copy_data = false");
+    let cert = wb.path().join("admin.crt");
+    let key = wb.path().join("admin.key");
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=walbridge admin"])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .unwrap_or_else(|e| panic!("openssl: {e}"));
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let mut config = std::fs::read_to_string(wb.config_path()).unwrap_or_default();
+    config.push_str(&format!(
+        "\n[admin]\ntls_cert = \"{}\"\ntls_key = \"{}\"\ntoken = \"${{ADMIN_TOKEN}}\"\n",
+        cert.display(),
+        key.display()
+    ));
+    wb.write_config(&config);
+    let token = [("ADMIN_TOKEN", "a-secret-of-the-test")];
+    let running = wb.start_with_env(&token);
+    let admin = wb.admin_address(WAIT);
+    pg.wait_for_streaming(WAIT);
+
+    let cacert = cert.display().to_string();
+    let https = |path: &str, extra: &[&str]| {
+        let mut args = vec!["--cacert", cacert.as_str()];
+        args.extend(extra);
+        curl(&format!("https://{admin}{path}"), &args)
+    };
+    // The probes need no token.
+    assert_eq!(https("/healthz", &[]), (200, "ok\n".to_owned()));
+    let (status, body) = wait_until("ready", || https("/readyz", &[]), |(s, _)| *s == 200);
+    assert_eq!((status, body.as_str()), (200, "ready\n"));
+    // Everything else does.
+    for path in ["/metrics", "/status", "/"] {
+        let (status, body) = https(path, &[]);
+        assert_eq!(status, 401, "{path}: {body}");
+        assert!(body.contains("Authorization: Bearer"), "{body}");
+        let wrong = https(path, &["-H", "Authorization: Bearer a-secret-of-the-tesT"]);
+        assert_eq!(wrong.0, 401, "{path} with a wrong token");
+        let (status, body) = https(path, &["-H", "Authorization: Bearer a-secret-of-the-test"]);
+        assert_eq!(status, 200, "{path}: {body}");
+    }
+    // No plain HTTP, and no certificate but the configured one is trusted.
+    assert_eq!(get(&admin, "/healthz").0, 0);
+    assert_eq!(curl(&format!("https://{admin}/healthz"), &[]).0, 0);
+
+    // `walbridge status` speaks TLS with the token, from the same configuration.
+    let out = wb.command_with_env(&["status"], &token);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("source src: streaming"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = wb.command_with_env(&["status"], &[("ADMIN_TOKEN", "not-it")]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("401"), "{said}");
+    // The token never reaches the log.
+    assert!(!wb.log().contains("a-secret-of-the-test"), "{}", wb.log());
     assert!(running.stop(WAIT).success(), "{}", wb.log());
 }

@@ -5,19 +5,35 @@
 //! * `/healthz`: 200 while the runtime answers (a liveness probe);
 //! * `/readyz`: 200 when every source copies or streams and every sink
 //!   runs, else 503 with why, a line each (a readiness probe);
-//! * `/status`: everything, as JSON.
+//! * `/status`: everything, as JSON;
+//! * `/`: the same for people, with the last 15 minutes drawn
+//!   ([`crate::page`]).
+//!
+//! With `tls_cert` and `tls_key` it speaks HTTPS only; with `token`, every
+//! path but the two probes asks for `Authorization: Bearer <token>` (the
+//! probes stay open so an orchestrator needs no secret).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Json, Response};
+use axum::middleware::Next;
+use axum::response::{Html, IntoResponse, Json, Response};
 use axum::routing::get;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::server::TlsStream;
 
+use crate::config::{AdminConfig, AdminToken};
 use crate::error::RuntimeError;
+use crate::page::History;
 use crate::status::Observed;
 
 /// The file in `data_dir` naming the address the running process's admin
@@ -28,32 +44,41 @@ pub const ADDRESS_FILE: &str = "admin.address";
 /// What the handlers share.
 struct Admin {
     observed: Arc<Observed>,
+    history: History,
     prometheus: PrometheusHandle,
     process: metrics_process::Collector,
 }
 
-/// Listens on `listen` and serves the endpoint for as long as the
+/// Errors of the endpoint's set-up, as [`RuntimeError::Admin`].
+fn failed<E: Into<Box<dyn std::error::Error + Send + Sync>>>(
+    what: impl Into<String>,
+) -> impl FnOnce(E) -> RuntimeError {
+    let what = what.into();
+    move |e| RuntimeError::Admin {
+        what,
+        error: e.into(),
+    }
+}
+
+/// Listens on `config.listen` and serves the endpoint for as long as the
 /// returned task runs; writes the address into `data_dir` (for
 /// `walbridge status`). Installs the process's metrics recorder.
 pub async fn serve(
-    listen: &str,
+    config: &AdminConfig,
     data_dir: &std::path::Path,
     observed: Arc<Observed>,
 ) -> Result<tokio::task::JoinHandle<()>, RuntimeError> {
-    let failed = |what: String| {
-        move |e: std::io::Error| RuntimeError::Admin {
-            what,
-            error: e.into(),
-        }
+    let listen = &config.listen;
+    let tls = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Some(tls_config(cert, key)?),
+        _ => None,
     };
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(failed(format!(
-            "cannot listen on {listen} (set [admin] listen to a free address, or \"\" for none)"
-        )))?;
+    let listener = TcpListener::bind(listen).await.map_err(failed(format!(
+        "cannot listen on {listen} (set [admin] listen to a free address, or \"\" for none)"
+    )))?;
     let address: SocketAddr = listener
         .local_addr()
-        .map_err(failed("cannot tell its address".into()))?;
+        .map_err(failed("cannot tell its address"))?;
     std::fs::write(data_dir.join(ADDRESS_FILE), format!("{address}\n")).map_err(failed(
         format!("cannot write {}", data_dir.join(ADDRESS_FILE).display()),
     ))?;
@@ -66,23 +91,184 @@ pub async fn serve(
             })?;
     let process = metrics_process::Collector::default();
     process.describe();
+    Observed::describe_metrics();
     let admin = Arc::new(Admin {
         observed,
+        history: History::default(),
         prometheus,
         process,
     });
-    let router = Router::new()
+    let mut guarded = Router::new()
         .route("/metrics", get(metrics))
+        .route("/status", get(status))
+        .route("/", get(page));
+    if let Some(token) = config.token.clone() {
+        guarded = guarded.route_layer(axum::middleware::from_fn_with_state(
+            Arc::new(token),
+            authorize,
+        ));
+    }
+    let router = guarded
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/status", get(status))
-        .with_state(admin);
-    tracing::info!(listen = %address, "admin endpoint serving /metrics /healthz /readyz /status");
+        .with_state(admin.clone());
+    tracing::info!(
+        listen = %address,
+        tls = tls.is_some(),
+        token = config.token.is_some(),
+        "admin endpoint serving /metrics /healthz /readyz /status"
+    );
     Ok(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router).await {
-            tracing::error!("the admin endpoint stopped: {e}");
+        let serving = async {
+            match tls {
+                Some(tls) => axum::serve(TlsListener::new(listener, tls), router).await,
+                None => axum::serve(listener, router).await,
+            }
+        };
+        let sampling = async {
+            let mut every = tokio::time::interval(History::INTERVAL);
+            loop {
+                every.tick().await;
+                admin.history.sample(&admin.observed.status());
+            }
+        };
+        tokio::select! {
+            served = serving => {
+                if let Err(e) = served {
+                    tracing::error!("the admin endpoint stopped: {e}");
+                }
+            }
+            never = sampling => match never {},
         }
     }))
+}
+
+/// The server side of TLS from the PEM files `cert` (a chain) and `key`.
+fn tls_config(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<Arc<rustls::ServerConfig>, RuntimeError> {
+    let chain = read_chain(cert)?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(failed(format!(
+        "cannot read [admin] tls_key {}",
+        key.display()
+    )))?;
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .and_then(|builder| builder.with_no_client_auth().with_single_cert(chain, key))
+    .map_err(failed(
+        "[admin] tls_cert and tls_key do not make a TLS server",
+    ))?;
+    Ok(Arc::new(config))
+}
+
+/// The certificates of the PEM file `[admin] tls_cert`.
+fn read_chain(cert: &std::path::Path) -> Result<Vec<CertificateDer<'static>>, RuntimeError> {
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(failed(format!(
+            "cannot read [admin] tls_cert {}",
+            cert.display()
+        )))?;
+    if chain.is_empty() {
+        return Err(failed(format!("[admin] tls_cert {}", cert.display()))(
+            "no PEM certificate in the file",
+        ));
+    }
+    Ok(chain)
+}
+
+/// HTTPS for `axum::serve`: each handshake runs in a task of its own,
+/// bounded by a timeout, so a client that stalls mid-handshake holds no
+/// other back.
+struct TlsListener {
+    address: SocketAddr,
+    handshaken: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+}
+
+impl TlsListener {
+    const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+    fn new(listener: TcpListener, config: Arc<rustls::ServerConfig>) -> TlsListener {
+        let address = listener
+            .local_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        let (handshaken_tx, handshaken) = mpsc::channel(16);
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    accepted = listener.accept() => accepted,
+                    () = handshaken_tx.closed() => return,
+                };
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        // Out of descriptors, say: let some close.
+                        tracing::warn!("admin endpoint: cannot accept a connection: {e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let (acceptor, handshaken_tx) = (acceptor.clone(), handshaken_tx.clone());
+                tokio::spawn(async move {
+                    match tokio::time::timeout(Self::HANDSHAKE_TIMEOUT, acceptor.accept(stream))
+                        .await
+                    {
+                        Ok(Ok(tls)) => {
+                            let _ = handshaken_tx.send((tls, peer)).await;
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, "admin endpoint: TLS handshake failed: {e}")
+                        }
+                        Err(_) => tracing::debug!(%peer, "admin endpoint: TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        TlsListener {
+            address,
+            handshaken,
+        }
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.handshaken.recv().await {
+            Some(handshaken) => handshaken,
+            // The accepting task ended: nothing more will come.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.address)
+    }
+}
+
+/// Lets a request through only with the bearer token.
+async fn authorize(State(token): State<Arc<AdminToken>>, request: Request, next: Next) -> Response {
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "));
+    if given.is_some_and(|given| token.matches(given.trim())) {
+        next.run(request).await
+    } else {
+        (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "this path needs the admin token ([admin] token): Authorization: Bearer <token>\n",
+        )
+            .into_response()
+    }
 }
 
 async fn metrics(State(admin): State<Arc<Admin>>) -> Response {
@@ -96,6 +282,10 @@ async fn metrics(State(admin): State<Arc<Admin>>) -> Response {
         admin.prometheus.render(),
     )
         .into_response()
+}
+
+async fn page(State(admin): State<Arc<Admin>>) -> Html<String> {
+    Html(crate::page::render(&admin.observed, &admin.history))
 }
 
 async fn healthz() -> &'static str {
@@ -117,28 +307,104 @@ async fn status(State(admin): State<Arc<Admin>>) -> Json<crate::status::Status> 
     Json(admin.observed.status())
 }
 
-/// Asks the walbridge running on `data_dir` for its `/status`.
-pub async fn running_status(data_dir: &std::path::Path) -> Result<serde_json::Value, RuntimeError> {
+/// Asks the walbridge running on `data_dir`, whose endpoint `config`
+/// describes, for its `/status`. Over TLS it trusts the certificate of
+/// `tls_cert` and no other ([`Pinned`]).
+pub async fn running_status(
+    config: &AdminConfig,
+    data_dir: &std::path::Path,
+) -> Result<serde_json::Value, RuntimeError> {
     let file = data_dir.join(ADDRESS_FILE);
-    let failed = |what: String| {
-        move |e: Box<dyn std::error::Error + Send + Sync>| RuntimeError::Admin { what, error: e }
-    };
     let address = std::fs::read_to_string(&file)
-        .map_err(|e| failed(format!("cannot read {}", file.display()))(e.into()))?;
-    let url = format!("http://{}/status", address.trim());
+        .map_err(failed(format!("cannot read {}", file.display())))?;
+    let scheme = if config.tls_cert.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let url = format!("{scheme}://{}/status", address.trim());
     // rustls needs a process-wide provider; an earlier install wins.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(10))
+    let mut client = reqwest::Client::builder().timeout(std::time::Duration::from_secs(10));
+    if let Some(cert) = &config.tls_cert {
+        let certs = read_chain(cert)?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(failed("cannot set up TLS"))?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(Pinned { certs, provider }))
+            .with_no_client_auth();
+        client = client.tls_backend_preconfigured(tls);
+    }
+    let client = client
         .build()
-        .map_err(|e| failed("cannot set up an HTTP client".into())(e.into()))?;
-    let response = client
-        .get(&url)
+        .map_err(failed("cannot set up an HTTP client"))?;
+    let mut request = client.get(&url);
+    if let Some(token) = &config.token {
+        request = request.bearer_auth(token.reveal());
+    }
+    let response = request
         .send()
         .await
-        .map_err(|e| failed(format!("cannot reach {url}"))(e.into()))?;
+        .and_then(reqwest::Response::error_for_status)
+        .map_err(failed(format!("cannot get {url}")))?;
     response
         .json()
         .await
-        .map_err(|e| failed(format!("{url} answered no status"))(e.into()))
+        .map_err(failed(format!("{url} answered no status")))
+}
+
+/// Trusts exactly the certificate the configuration names: `walbridge
+/// status` talks to its own kind on the address that process wrote into
+/// `data_dir`, so the pinned certificate is the check that matters —
+/// whatever signed it (or nothing) and whatever names it holds.
+#[derive(Debug)]
+struct Pinned {
+    certs: Vec<CertificateDer<'static>>,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl ServerCertVerifier for Pinned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        if self.certs.iter().any(|c| c.as_ref() == end_entity.as_ref()) {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algorithms = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algorithms = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        let algorithms = &self.provider.signature_verification_algorithms;
+        algorithms.supported_schemes()
+    }
 }

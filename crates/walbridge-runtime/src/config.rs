@@ -54,13 +54,71 @@ pub struct AdminConfig {
     /// environment variable `WALBRIDGE_ADMIN_LISTEN` overrides it.
     #[serde(default = "default_admin_listen")]
     pub listen: String,
+    /// A PEM certificate (chain) to serve the endpoint over HTTPS, with
+    /// `tls_key`.
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
+    /// A bearer token every path but `/healthz` and `/readyz` requires;
+    /// meant to come from the environment: `token = "${WALBRIDGE_ADMIN_TOKEN}"`.
+    pub token: Option<AdminToken>,
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
         AdminConfig {
             listen: default_admin_listen(),
+            tls_cert: None,
+            tls_key: None,
+            token: None,
         }
+    }
+}
+
+impl AdminConfig {
+    fn validate(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if !self.listen.is_empty() && self.listen.parse::<std::net::SocketAddr>().is_err() {
+            problems.push(format!(
+                "[admin] listen = \"{}\": not an address such as 127.0.0.1:9187 (or \"\" for none)",
+                self.listen
+            ));
+        }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            problems.push("[admin] tls_cert and tls_key go together: set both or neither".into());
+        }
+        if self.token.as_ref().is_some_and(|t| t.0.is_empty()) {
+            problems.push(
+                "[admin] token is empty (is the variable it names set?); remove it for no token"
+                    .into(),
+            );
+        }
+        problems
+    }
+}
+
+/// The admin endpoint's bearer token; never printed.
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct AdminToken(String);
+
+impl AdminToken {
+    /// Whether `given` is the token, in time that does not depend on
+    /// where they differ.
+    pub fn matches(&self, given: &str) -> bool {
+        let (a, b) = (self.0.as_bytes(), given.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+    }
+
+    /// The token, for a client's `Authorization` header.
+    pub fn reveal(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(…)")
     }
 }
 
@@ -167,12 +225,6 @@ impl Config {
         if let Some(listen) = env("WALBRIDGE_ADMIN_LISTEN") {
             admin.listen = listen;
         }
-        if !admin.listen.is_empty() && admin.listen.parse::<std::net::SocketAddr>().is_err() {
-            bail!(
-                "[admin] listen = \"{}\": not an address such as 127.0.0.1:9187 (or \"\" for none)",
-                admin.listen
-            );
-        }
         let config = Config {
             admin,
             data_dir: file.data_dir,
@@ -188,6 +240,7 @@ impl Config {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let mut problems = self.log.validate();
+        problems.extend(self.admin.validate());
         if self.sources.is_empty() {
             problems.push("no [[source]] is configured".to_owned());
         }

@@ -11,7 +11,7 @@
 //!   lowest position every sink has acknowledged.
 //! * [`status`] and the admin endpoint (`[admin] listen`): what the
 //!   pipeline shows of itself — `/metrics`, `/healthz`, `/readyz`,
-//!   `/status`.
+//!   `/status`, and `/` for people (a status page).
 //! * [`pause`]: sinks paused and resumed, across restarts.
 //! * [`report`]: errors as people read them.
 
@@ -20,6 +20,7 @@ pub mod config;
 pub mod data_dir;
 mod error;
 mod log_config;
+mod page;
 pub mod pause;
 pub mod pipeline;
 pub mod report;

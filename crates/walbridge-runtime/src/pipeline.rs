@@ -31,6 +31,9 @@ use crate::error::RuntimeError;
 use crate::report::describe;
 use crate::status::{Observed, ObservedInput, ObservedSink, ObservedSource, SinkHealth, SinkState};
 
+/// How often a running source's slot is polled for the admin endpoint.
+const SLOT_POLL: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Event batches (up to 256 events each) queued between a source and its log.
 const QUEUE: usize = 64;
 
@@ -194,8 +197,8 @@ pub async fn run(config: Config) -> Result<(), RuntimeError> {
     }
     let _admin = match config.admin.listen.as_str() {
         "" => None,
-        listen => Some(AbortOnDrop(
-            crate::admin::serve(listen, &config.data_dir, Arc::new(observed)).await?,
+        _ => Some(AbortOnDrop(
+            crate::admin::serve(&config.admin, &config.data_dir, Arc::new(observed)).await?,
         )),
     };
 
@@ -224,11 +227,19 @@ pub async fn run(config: Config) -> Result<(), RuntimeError> {
             resume_after: head.last_lsn,
         };
         let shutdown = shutdown_rx.clone();
+        let watched = _admin.is_some();
         sources.spawn(async move {
-            source
-                .run(downstream, shutdown)
-                .await
-                .map_err(RuntimeError::Source)
+            let run = source.run(downstream, shutdown);
+            // The slot's health is polled only for someone to see it.
+            let result = if watched {
+                tokio::select! {
+                    result = run => result,
+                    never = source.watch_slot(SLOT_POLL) => match never {},
+                }
+            } else {
+                run.await
+            };
+            result.map_err(RuntimeError::Source)
         });
     }
 

@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 use tokio::sync::watch;
-use walbridge_log::Log;
+use walbridge_core::PgTimestamp;
+use walbridge_log::{Entry, Log};
 use walbridge_sink::LogPosition;
 use walbridge_source::{OPERATIONS, SourcePhase, SourceStats};
 
@@ -202,8 +203,30 @@ pub struct SourceStatus {
     pub reconnects: u64,
     /// The initial copy: tables done and to do, rows and bytes.
     pub snapshot: SnapshotStatus,
+    /// The slot as the publisher last reported it (polled every few
+    /// seconds); `None` until the first poll answers.
+    pub slot: Option<SlotStatus>,
     /// Its log.
     pub log: LogStatus,
+}
+
+/// A source's slot in [`SourceStatus`].
+#[derive(Debug, Serialize)]
+pub struct SlotStatus {
+    /// When the publisher was asked (Unix seconds).
+    pub polled_at: f64,
+    /// Whether the slot exists.
+    pub exists: bool,
+    /// The publisher's current WAL position.
+    pub current_lsn: String,
+    /// WAL bytes the publisher has written past what the source received.
+    pub lag_bytes: u64,
+    /// WAL bytes the slot keeps the publisher from removing.
+    pub retained_bytes: u64,
+    /// `reserved`, `extended`, `unreserved` or `lost` (PostgreSQL 13+).
+    pub wal_status: Option<String>,
+    /// WAL bytes that can still be written before the slot is at risk.
+    pub safe_wal_size: Option<i64>,
 }
 
 /// The initial copy in [`SourceStatus`].
@@ -260,6 +283,10 @@ pub struct SinkInputStatus {
     pub lag_records: u64,
     /// WAL bytes between the log's end and what the sink acknowledged.
     pub lag_bytes: u64,
+    /// How long the oldest transaction the sink has not acknowledged has
+    /// been committed on the publisher; 0 when it has everything, `None`
+    /// while what it has not is no transaction (rows of the copy).
+    pub lag_seconds: Option<f64>,
 }
 
 impl ObservedInput {
@@ -272,7 +299,30 @@ impl ObservedInput {
             acked_lsn: acked.lsn.to_string(),
             lag_records: head.next_seq.saturating_sub(acked.next),
             lag_bytes: head.last_lsn.0.saturating_sub(acked.lsn.0),
+            lag_seconds: if acked.next >= head.next_seq {
+                Some(0.0)
+            } else {
+                self.oldest_pending_commit().map(|commit| {
+                    let micros = PgTimestamp::now().0.saturating_sub(commit.0);
+                    micros.max(0) as f64 / 1e6
+                })
+            },
         }
+    }
+
+    /// The commit time of the first transaction at or after the sink's
+    /// cursor (a few records are looked at: past the copy's rows there is
+    /// soon one), read from the log.
+    fn oldest_pending_commit(&self) -> Option<PgTimestamp> {
+        const LOOK_AHEAD: usize = 16;
+        let mut reader = self.log.reader(self.acked.borrow().next).ok()?;
+        for _ in 0..LOOK_AHEAD {
+            match reader.try_next().ok()??.entry {
+                Entry::Transaction { info, .. } => return Some(info.commit_time),
+                Entry::Snapshot(_) | Entry::SnapshotComplete { .. } | Entry::Message(_) => {}
+            }
+        }
+        None
     }
 }
 
@@ -322,6 +372,113 @@ impl Observed {
         }
     }
 
+    /// Gives every metric of [`Observed::record_metrics`] its help text.
+    pub fn describe_metrics() {
+        use metrics::{Unit, describe_counter, describe_gauge};
+        let lsn = "(a WAL position as a number of bytes)";
+        describe_gauge!(
+            "walbridge_source_received_lsn",
+            format!("The furthest position received from the publisher {lsn}.")
+        );
+        describe_gauge!(
+            "walbridge_source_confirmed_lsn",
+            format!("The position last confirmed to the publisher {lsn}.")
+        );
+        describe_counter!(
+            "walbridge_source_transactions_total",
+            "Transactions the source put in its log since walbridge started."
+        );
+        describe_counter!(
+            "walbridge_source_changes_total",
+            "Changes the source put in its log since walbridge started, by operation."
+        );
+        describe_counter!(
+            "walbridge_source_reconnects_total",
+            "Times the source connected again after a failure."
+        );
+        describe_gauge!(
+            "walbridge_source_state",
+            "1 for what the source does now (starting, copying, streaming, reconnecting, stopped)."
+        );
+        describe_gauge!(
+            "walbridge_source_lag_bytes",
+            Unit::Bytes,
+            "WAL the publisher has written past what the source received (polled)."
+        );
+        describe_gauge!(
+            "walbridge_slot_retained_bytes",
+            Unit::Bytes,
+            "WAL the source's slot keeps on the publisher (polled)."
+        );
+        describe_gauge!(
+            "walbridge_slot_safe_wal_size_bytes",
+            Unit::Bytes,
+            "WAL the publisher can still write before the slot is at risk of being lost (polled; only with max_slot_wal_keep_size)."
+        );
+        describe_gauge!(
+            "walbridge_slot_wal_status",
+            "1 for the slot's wal_status now (reserved, extended, unreserved, lost; missing: no slot)."
+        );
+        describe_counter!("walbridge_snapshot_rows_total", "Rows of the initial copy.");
+        describe_counter!(
+            "walbridge_snapshot_bytes_total",
+            Unit::Bytes,
+            "COPY data of the initial copy."
+        );
+        describe_gauge!(
+            "walbridge_snapshot_tables_done",
+            "Tables of the initial copy done."
+        );
+        describe_gauge!("walbridge_snapshot_tables", "Tables of the initial copy.");
+        describe_gauge!(
+            "walbridge_log_bytes",
+            Unit::Bytes,
+            "The source's log on disk."
+        );
+        describe_gauge!(
+            "walbridge_log_first_record",
+            "The oldest record the source's log keeps."
+        );
+        describe_gauge!(
+            "walbridge_log_next_record",
+            "The number the source's log gives its next record."
+        );
+        describe_gauge!(
+            "walbridge_log_last_lsn",
+            format!("The position of the last readable record of the source's log {lsn}.")
+        );
+        describe_gauge!(
+            "walbridge_sink_state",
+            "1 for what the sink does now (starting, running, retrying, stopped, paused)."
+        );
+        describe_counter!(
+            "walbridge_sink_failures_total",
+            "Attempts of the sink that failed."
+        );
+        describe_gauge!(
+            "walbridge_sink_acked_lsn",
+            format!("The position of the source the sink has acknowledged {lsn}.")
+        );
+        describe_gauge!(
+            "walbridge_sink_cursor",
+            "The sink's cursor: the next record of the source's log it reads."
+        );
+        describe_gauge!(
+            "walbridge_sink_lag_records",
+            "Records of the source's log the sink has not acknowledged."
+        );
+        describe_gauge!(
+            "walbridge_sink_lag_bytes",
+            Unit::Bytes,
+            "WAL between the end of the source's log and what the sink acknowledged."
+        );
+        describe_gauge!(
+            "walbridge_sink_lag_seconds",
+            Unit::Seconds,
+            "Since the commit of the oldest transaction the sink has not acknowledged (0: it has everything; NaN: it is behind on rows of the copy)."
+        );
+    }
+
     /// Sets every gauge and counter of `/metrics` to what is now.
     pub fn record_metrics(&self) {
         use metrics::{counter, gauge};
@@ -353,6 +510,23 @@ impl Observed {
                 .set(status.snapshot.tables_done as f64);
             gauge!("walbridge_snapshot_tables", "source" => name.clone())
                 .set(status.snapshot.tables_total as f64);
+            if let Some(slot) = &status.slot {
+                gauge!("walbridge_source_lag_bytes", "source" => name.clone())
+                    .set(slot.lag_bytes as f64);
+                gauge!("walbridge_slot_retained_bytes", "source" => name.clone())
+                    .set(slot.retained_bytes as f64);
+                // Without max_slot_wal_keep_size nothing limits it: no sample.
+                if let Some(safe) = slot.safe_wal_size {
+                    gauge!("walbridge_slot_safe_wal_size_bytes", "source" => name.clone())
+                        .set(safe as f64);
+                }
+                for wal_status in WAL_STATUSES {
+                    let now = slot.wal_status.as_deref() == Some(wal_status)
+                        || (!slot.exists && wal_status == "missing");
+                    gauge!("walbridge_slot_wal_status", "source" => name.clone(), "wal_status" => wal_status)
+                        .set(if now { 1.0 } else { 0.0 });
+                }
+            }
             gauge!("walbridge_log_bytes", "source" => name.clone()).set(status.log.bytes as f64);
             gauge!("walbridge_log_first_record", "source" => name.clone())
                 .set(status.log.first_record as f64);
@@ -378,10 +552,17 @@ impl Observed {
                 gauge!("walbridge_sink_cursor", &labels).set(status.cursor as f64);
                 gauge!("walbridge_sink_lag_records", &labels).set(status.lag_records as f64);
                 gauge!("walbridge_sink_lag_bytes", &labels).set(status.lag_bytes as f64);
+                // NaN while what it has not acknowledged is rows of the copy.
+                gauge!("walbridge_sink_lag_seconds", &labels)
+                    .set(status.lag_seconds.unwrap_or(f64::NAN));
             }
         }
     }
 }
+
+/// A slot's `wal_status` values in `walbridge_slot_wal_status` (and
+/// `missing`: the slot is gone).
+const WAL_STATUSES: [&str; 5] = ["reserved", "extended", "unreserved", "lost", "missing"];
 
 fn source_status(source: &ObservedSource) -> SourceStatus {
     let stats = &source.stats;
@@ -405,6 +586,22 @@ fn source_status(source: &ObservedSource) -> SourceStatus {
             rows: load(&stats.snapshot.rows),
             bytes: load(&stats.snapshot.bytes),
         },
+        slot: stats.slot().map(|(slot, polled)| {
+            let received = load(&stats.received);
+            SlotStatus {
+                polled_at: polled
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64()),
+                exists: slot.exists,
+                current_lsn: slot.current_lsn.to_string(),
+                lag_bytes: slot.current_lsn.0.saturating_sub(received),
+                retained_bytes: slot
+                    .restart_lsn
+                    .map_or(0, |r| slot.current_lsn.0.saturating_sub(r.0)),
+                wal_status: slot.wal_status,
+                safe_wal_size: slot.safe_wal_size,
+            }
+        }),
         log: LogStatus {
             first_record: source.log.first_seq(),
             next_record: head.next_seq,

@@ -1,4 +1,5 @@
-//! Replication slot management over the replication connection.
+//! Replication slot management over the replication connection, and
+//! the slot's health as the publisher reports it while the source runs.
 
 use walbridge_core::Lsn;
 
@@ -22,6 +23,52 @@ pub struct SlotInfo {
     pub wal_status: Option<String>,
     /// Created with two-phase decoding.
     pub two_phase: bool,
+}
+
+/// How a running source's slot fares, polled over an ordinary SQL
+/// connection (a replication connection would take a walsender).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotHealth {
+    /// The publisher's current WAL position (on a standby, the last one
+    /// it received).
+    pub current_lsn: Lsn,
+    /// Whether the slot exists.
+    pub exists: bool,
+    /// The oldest WAL the slot keeps (`restart_lsn`).
+    pub restart_lsn: Option<Lsn>,
+    /// `reserved`, `extended`, `unreserved` or `lost` (PostgreSQL 13+).
+    pub wal_status: Option<String>,
+    /// WAL bytes that can still be written before the slot is at risk of
+    /// being lost (PostgreSQL 13+, only with `max_slot_wal_keep_size`).
+    pub safe_wal_size: Option<i64>,
+}
+
+/// Reads [`SlotHealth`] of the slot `name`; `version` is the publisher's
+/// `server_version_num`.
+pub async fn slot_health(
+    client: &tokio_postgres::Client,
+    name: &str,
+    version: u32,
+) -> Result<SlotHealth, tokio_postgres::Error> {
+    let since_13 = if version >= 130_000 {
+        "s.wal_status, s.safe_wal_size"
+    } else {
+        "NULL::text, NULL::bigint"
+    };
+    let sql = format!(
+        "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_receive_lsn() ELSE pg_current_wal_lsn() END)::text, \
+                s.slot_name IS NOT NULL, s.restart_lsn::text, {since_13} \
+         FROM (SELECT 1) AS one LEFT JOIN pg_replication_slots s ON s.slot_name = $1"
+    );
+    let row = client.query_one(&sql, &[&name]).await?;
+    let lsn = |i: usize| row.get::<_, Option<String>>(i).and_then(|l| l.parse().ok());
+    Ok(SlotHealth {
+        current_lsn: lsn(0).unwrap_or(Lsn(0)),
+        exists: row.get(1),
+        restart_lsn: lsn(2),
+        wal_status: row.get(3),
+        safe_wal_size: row.get(4),
+    })
 }
 
 /// What to do with the snapshot a new slot comes with.

@@ -87,6 +87,8 @@ pub struct SourceStats {
     changes: [std::sync::atomic::AtomicU64; 4],
     /// Connections that broke or failed and were tried again.
     pub reconnects: std::sync::atomic::AtomicU64,
+    /// The slot as last polled ([`Source::watch_slot`]), and when.
+    slot: std::sync::Mutex<Option<(slot::SlotHealth, std::time::SystemTime)>>,
 }
 
 /// What a source is doing.
@@ -155,6 +157,16 @@ impl SourceStats {
             .unwrap_or(0);
         self.phase
             .store(n as u8, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The slot as last polled, and when; `None` before the first poll.
+    pub fn slot(&self) -> Option<(slot::SlotHealth, std::time::SystemTime)> {
+        self.slot.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set_slot(&self, health: Option<slot::SlotHealth>) {
+        *self.slot.lock().unwrap_or_else(|p| p.into_inner()) =
+            health.map(|h| (h, std::time::SystemTime::now()));
     }
 
     /// Changes emitted per operation, in [`OPERATIONS`] order.
@@ -274,6 +286,54 @@ impl Source {
         slot::slot_info(&mut conn, &self.config.slot_name())
             .await
             .map_err(|e| self.err(e))
+    }
+
+    /// Polls the publisher every `interval` for its current WAL position
+    /// and its view of the slot ([`SourceStats::slot`]), until dropped.
+    /// A failed poll clears the view (so nothing stale is shown) and is
+    /// logged once until polling works again: the stream reports the
+    /// connection's troubles itself.
+    pub async fn watch_slot(&self, interval: Duration) -> std::convert::Infallible {
+        let name = self.config.slot_name();
+        let mut client = None;
+        let mut failing = false;
+        loop {
+            let polled = async {
+                if client.is_none() {
+                    let c = connect_sql(&self.params, self.config.application_name())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let version: String = c
+                        .query_one("SHOW server_version", &[])
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .get(0);
+                    client = Some((c, walbridge_pg::parse_server_version(&version)));
+                }
+                let Some((c, version)) = &client else {
+                    return Err("no connection".to_owned());
+                };
+                slot::slot_health(c, &name, *version)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            .await;
+            match polled {
+                Ok(health) => {
+                    failing = false;
+                    self.stats.set_slot(Some(health));
+                }
+                Err(e) => {
+                    if !failing {
+                        tracing::info!(source = %self.config.name, "cannot poll the slot's health: {e}");
+                    }
+                    failing = true;
+                    client = None;
+                    self.stats.set_slot(None);
+                }
+            }
+            tokio::time::sleep(interval).await;
+        }
     }
 
     /// Drops the source's slot (if it exists) and its state.

@@ -14,10 +14,10 @@ pub async fn status(path: &std::path::Path, json: bool) -> Result<(), Failure> {
     let config = load(path)?;
     let status = match data_dir::DataDirLock::holder(&config.data_dir) {
         Some(pid) => {
-            let mut status = admin::running_status(&config.data_dir)
+            let mut status = admin::running_status(&config.admin, &config.data_dir)
                 .await
                 .map_err(|e| Failure::from(anyhow::Error::new(e).context(format!(
-                    "walbridge runs on this data_dir (pid {pid}) but its admin endpoint does not answer (is [admin] listen = \"\"?)"
+                    "walbridge runs on this data_dir (pid {pid}) but its admin endpoint gives no status (is [admin] listen = \"\", or the token in this environment not the one it runs with?)"
                 ))))?;
             status["running"] = Value::Bool(true);
             status["pid"] = pid.into();
