@@ -10,8 +10,10 @@
 #   official librdkafka client, its Avro/Protobuf deserializers and schema
 #   registry client) in $WALBRIDGE_KAFKA_VENV, with grpcio-tools, whose
 #   protoc turns the Protobuf schemas the registry holds into the message
-#   classes the Protobuf deserializer needs, and prometheus-client, whose
-#   parser reads the admin endpoint's /metrics.
+#   classes the Protobuf deserializer needs; and, for the operating
+#   surface's tests, prometheus-client, whose parser reads the admin
+#   endpoint's /metrics, and kubernetes-validate, which checks
+#   deploy/kubernetes against Kubernetes' own schemas.
 #
 #   scripts/kafka-test-env.sh
 set -euo pipefail
@@ -19,6 +21,7 @@ set -euo pipefail
 confluent_kafka_version=2.16.1
 grpcio_tools_version=1.85.1
 prometheus_client_version=0.22.1
+kubernetes_validate_version=1.31.0
 
 if [ "$(id -u)" = 0 ]; then default_cache=/var/cache/walbridge; else default_cache="${XDG_CACHE_HOME:-$HOME/.cache}/walbridge"; fi
 venv="${WALBRIDGE_KAFKA_VENV:-$default_cache/kafka-venv}"
@@ -33,8 +36,8 @@ fi
 # check that Debezium's tooling reads our topics (built by the tests).
 mvn -q -B -f "$here/../tests/kafka/connect-check/pom.xml" dependency:resolve dependency:resolve-plugins >/dev/null
 
-if ! "$venv/bin/python" -c "import confluent_kafka, grpc_tools, prometheus_client, sys; sys.exit(confluent_kafka.__version__ != '$confluent_kafka_version')" 2>/dev/null; then
+if ! "$venv/bin/python" -c "import confluent_kafka, grpc_tools, prometheus_client, kubernetes_validate, sys; sys.exit(confluent_kafka.__version__ != '$confluent_kafka_version')" 2>/dev/null; then
   echo "kafka-test-env: installing confluent-kafka $confluent_kafka_version into $venv"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check "confluent-kafka[avro,protobuf,schemaregistry]==$confluent_kafka_version" "grpcio-tools==$grpcio_tools_version" "prometheus-client==$prometheus_client_version"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "confluent-kafka[avro,protobuf,schemaregistry]==$confluent_kafka_version" "grpcio-tools==$grpcio_tools_version" "prometheus-client==$prometheus_client_version" "kubernetes-validate==$kubernetes_validate_version"
 fi

@@ -12,9 +12,10 @@
 # * as root, the `postgres` OS user that runs the servers (PostgreSQL
 #   refuses to run as root);
 # * for the tests only (`machine_test_tools`): curl, headless Chromium
-#   (the status page) and promtool (Debian's `prometheus` package: the
-#   scrape and the alert rules are checked with it; its server is not
-#   started).
+#   (the status page), promtool (Debian's `prometheus` package: the scrape
+#   and the alert rules are checked with it; its server is not started),
+#   and kustomize (`kubectl kustomize` where kubectl is installed, else
+#   kustomize built from the Go module proxy into `go env GOPATH`/bin).
 
 machine_apt_install() {
   if [ "$(id -u)" != 0 ]; then
@@ -65,5 +66,10 @@ machine_test_tools() {
   command -v promtool >/dev/null || need+=(prometheus)
   if [ ${#need[@]} -gt 0 ]; then
     machine_apt_install "${need[@]}" || return
+  fi
+  if ! command -v kubectl >/dev/null && ! command -v kustomize >/dev/null \
+    && [ ! -x "$(go env GOPATH)/bin/kustomize" ]; then
+    echo "machine: building kustomize (Go module proxy)"
+    go install sigs.k8s.io/kustomize/kustomize/v5@v5.5.0 || return
   fi
 }

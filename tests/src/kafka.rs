@@ -21,8 +21,10 @@ fn cache_dir() -> PathBuf {
     }
 }
 
-/// The Python with confluent-kafka: `$WALBRIDGE_KAFKA_VENV/bin/python`.
-pub(crate) fn python() -> PathBuf {
+/// The tests' Python, with confluent-kafka, prometheus-client and
+/// kubernetes-validate (scripts/kafka-test-env.sh):
+/// `$WALBRIDGE_KAFKA_VENV/bin/python`.
+pub fn python() -> PathBuf {
     let venv = std::env::var("WALBRIDGE_KAFKA_VENV")
         .map(PathBuf::from)
         .unwrap_or_else(|_| cache_dir().join("kafka-venv"));

@@ -131,12 +131,27 @@ impl Deployment {
 
     /// Starts `walbridge run` with more environment variables.
     pub fn start_with_env(&self, env: &[(&str, &str)]) -> Running {
+        self.start_wrapped(&[], env)
+    }
+
+    /// Starts `walbridge run` through the command `wrapper` (which ends by
+    /// running its arguments: the binary and its own), with more
+    /// environment variables.
+    pub fn start_wrapped(&self, wrapper: &[&str], env: &[(&str, &str)]) -> Running {
         let stderr = std::fs::File::options()
             .create(true)
             .append(true)
             .open(self.path().join("stderr.log"))
             .unwrap_or_else(|e| panic!("stderr log: {e}"));
-        let child = Command::new(binary())
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(binary());
+                command
+            }
+            None => Command::new(binary()),
+        };
+        let child = command
             .args(["run", "-c"])
             .arg(self.config_path())
             .env("RUST_LOG", "info")
@@ -183,11 +198,16 @@ impl Deployment {
     /// the log's first `seen` bytes (one started again).
     pub fn admin_address_after(&self, seen: usize, timeout: Duration) -> String {
         let log = self.wait_for_log_after(seen, "admin endpoint serving", timeout);
+        // Plain text (`listen=ADDRESS`) or JSON (`"listen":"ADDRESS"`).
         log.lines()
             .rev()
             .find(|l| l.contains("admin endpoint serving"))
-            .and_then(|l| l.split("listen=").nth(1))
-            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|l| {
+                let text = l.split("listen=").nth(1);
+                let json = l.split("\"listen\":\"").nth(1);
+                text.or(json)
+            })
+            .and_then(|rest| rest.split(|c: char| c.is_whitespace() || c == '"').next())
             .unwrap_or_else(|| panic!("no admin address in the log:\n{log}"))
             .to_owned()
     }

@@ -113,6 +113,7 @@ pub async fn run(config: Config) -> Result<(), RuntimeError> {
                 name: r.source.config().name.clone(),
                 stats: r.source.stats(),
                 log: r.log.clone(),
+                log_max_bytes: config.log.max_size.map(|s| s.0),
             })
             .collect(),
         sinks: Vec::new(),

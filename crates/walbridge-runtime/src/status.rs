@@ -107,6 +107,8 @@ pub struct ObservedSource {
     pub stats: Arc<SourceStats>,
     /// Its log.
     pub log: Log,
+    /// The most its log may hold (`[log] max_size`).
+    pub log_max_bytes: Option<u64>,
 }
 
 /// One source a sink reads.
@@ -436,6 +438,11 @@ impl Observed {
             "The source's log on disk."
         );
         describe_gauge!(
+            "walbridge_log_max_bytes",
+            Unit::Bytes,
+            "The most the source's log may hold ([log] max_size; only when set)."
+        );
+        describe_gauge!(
             "walbridge_log_first_record",
             "The oldest record the source's log keeps."
         );
@@ -528,6 +535,9 @@ impl Observed {
                 }
             }
             gauge!("walbridge_log_bytes", "source" => name.clone()).set(status.log.bytes as f64);
+            if let Some(max) = source.log_max_bytes {
+                gauge!("walbridge_log_max_bytes", "source" => name.clone()).set(max as f64);
+            }
             gauge!("walbridge_log_first_record", "source" => name.clone())
                 .set(status.log.first_record as f64);
             gauge!("walbridge_log_next_record", "source" => name.clone())
