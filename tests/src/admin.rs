@@ -49,56 +49,46 @@ pub fn metrics(address: &str) -> Vec<Sample> {
     parse_metrics(&text)
 }
 
+/// Runs `command` with `text` on its standard input; what it printed.
+fn fed(command: &mut Command, text: &str) -> std::process::Output {
+    let what = format!("{command:?}");
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {what} (scripts/test.sh installs it): {e}"));
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(text.as_bytes())
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
+    child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
 /// What `promtool check metrics` says of a scrape of `/metrics` at
 /// `address`: nothing when it accepts it.
 pub fn lint_metrics(address: &str) -> String {
     let (status, text) = get(address, "/metrics");
     assert_eq!(status, 200, "{text}");
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run promtool (scripts/test.sh installs it): {e}"));
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(text.as_bytes())
-            .unwrap_or_else(|e| panic!("promtool: {e}"));
-    }
-    let out = child
-        .wait_with_output()
-        .unwrap_or_else(|e| panic!("promtool: {e}"));
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = fed(Command::new("promtool").args(["check", "metrics"]), &text);
     if out.status.success() {
         String::new()
     } else {
-        said
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
     }
 }
 
 /// Parses Prometheus text with prometheus_client.
 fn parse_metrics(text: &str) -> Vec<Sample> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("admin/parse_metrics.py");
-    let mut child = Command::new(crate::kafka::python())
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run parse_metrics.py: {e}"));
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(text.as_bytes())
-            .unwrap_or_else(|e| panic!("parse_metrics.py: {e}"));
-    }
-    let out = child
-        .wait_with_output()
-        .unwrap_or_else(|e| panic!("parse_metrics.py: {e}"));
+    let out = fed(Command::new(crate::kafka::python()).arg(script), text);
     assert!(
         out.status.success(),
         "the Prometheus parser refused /metrics: {}\n{text}",

@@ -84,6 +84,17 @@ impl Replication {
         self.wb.start()
     }
 
+    /// Runs a walbridge command that must succeed; returns its output.
+    fn command_ok(&self, args: &[&str]) -> String {
+        let out = self.wb.command(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// Waits until `table` holds the same rows on both sides.
     fn wait_equal(&self, table: &str) {
         let expected = self.publisher.table_digest("postgres", table, "*");
@@ -819,6 +830,15 @@ fn a_role_without_origins_uses_the_progress_table_and_check_reports_privileges()
         "{}",
         r.wb.log()
     );
+    // `drop` takes the source's row out of the progress table too.
+    let said = r.command_ok(&["drop"]);
+    assert!(
+        said.contains("source `src`: dropped slot `walbridge_src` and the state")
+            && said.contains("sink `replica`: deleted 1 row(s) from bookkeeping.progress"),
+        "{said}"
+    );
+    assert_eq!(s.psql("SELECT count(*) FROM bookkeeping.progress"), "0");
+    assert_eq!(p.psql("SELECT count(*) FROM pg_replication_slots"), "0");
 }
 
 /// Every row of `t` in its text form, the same time zone on both sides.
@@ -1327,4 +1347,83 @@ fn check_finds_a_role_that_cannot_create_the_progress_table() {
         ),
         "{printed}"
     );
+}
+
+#[test]
+fn drop_cleans_the_target_and_with_keep_slot_needs_neither_publisher_nor_target() {
+    let r = Replication::new("CREATE TABLE t (id int PRIMARY KEY, v text)");
+    let (p, s) = (&r.publisher, &r.subscriber);
+    p.psql("CREATE PUBLICATION pub FOR TABLE t");
+    r.configure(&["pub"], "copy_data = false", "");
+    let applied_once = |id: i32| {
+        let running = r.start();
+        p.wait_for_streaming(WAIT);
+        p.psql(&format!("INSERT INTO t VALUES ({id}, 'v')"));
+        r.wait_equal("t");
+        assert!(running.stop(WAIT).success(), "{}", r.wb.log());
+        assert_eq!(
+            s.psql("SELECT roname FROM pg_replication_origin"),
+            "walbridge_replica_src"
+        );
+    };
+
+    // Both reachable: the slot, the state and the target's origin go.
+    applied_once(1);
+    let said = r.command_ok(&["drop"]);
+    assert_eq!(
+        said,
+        "source `src`: dropped slot `walbridge_src` and the state\n\
+         sink `replica`: dropped replication origin walbridge_replica_src\n"
+    );
+    assert_eq!(p.psql("SELECT count(*) FROM pg_replication_slots"), "0");
+    assert_eq!(s.psql("SELECT count(*) FROM pg_replication_origin"), "0");
+
+    // Both gone: drop says to keep the slot; --keep-slot removes the local
+    // state and says exactly what is left where, and how to remove it.
+    applied_once(2);
+    p.stop();
+    s.stop();
+    let out = r.wb.command(&["drop"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("cannot drop the slot of source `src`")
+            && said.contains("`walbridge drop --keep-slot` removes walbridge's state without it"),
+        "{said}"
+    );
+    assert!(r.wb.path().join("data/sources/src").exists());
+    let said = r.command_ok(&["drop", "--keep-slot"]);
+    let slot_sql = "SELECT pg_drop_replication_slot('walbridge_src');";
+    assert!(
+        said.contains(&format!(
+            "source `src`: state removed; slot `walbridge_src` kept on 127.0.0.1:{}/postgres (--keep-slot). It holds WAL on the publisher until it is dropped there: {slot_sql}",
+            p.port()
+        )) && said.contains("sink `replica`: left for source `src`: nothing removed from the target: "),
+        "{said}"
+    );
+    assert!(!r.wb.path().join("data/sources/src").exists());
+    let origin_sql = said
+        .lines()
+        .find_map(|l| {
+            l.split_once(
+                "replication origin walbridge_replica_src (and its copy lanes), if it exists: ",
+            )
+        })
+        .map(|(_, sql)| sql.to_owned())
+        .unwrap_or_else(|| panic!("no origin to drop by hand in:\n{said}"));
+    assert!(
+        said.contains(
+            "DELETE FROM public.walbridge_progress WHERE sink = 'replica' AND (source = 'src'"
+        ),
+        "{said}"
+    );
+    // What it printed is what removes what was left.
+    p.start_again();
+    s.start_again();
+    assert_eq!(p.psql("SELECT count(*) FROM pg_replication_slots"), "1");
+    p.psql(slot_sql);
+    assert_eq!(p.psql("SELECT count(*) FROM pg_replication_slots"), "0");
+    assert_eq!(s.psql("SELECT count(*) FROM pg_replication_origin"), "1");
+    s.psql(&origin_sql);
+    assert_eq!(s.psql("SELECT count(*) FROM pg_replication_origin"), "0");
 }

@@ -109,9 +109,11 @@ impl TlsSettings {
         } else {
             None
         };
-        let verifier = Arc::new(PgVerifier {
-            chain,
-            check_host: mode == SslMode::VerifyFull,
+        let verifier = Arc::new(Verifier {
+            acceptance: SslModeAcceptance {
+                chain,
+                check_host: mode == SslMode::VerifyFull,
+            },
             provider: provider.clone(),
         });
         let builder = ClientConfig::builder_with_provider(provider)
@@ -180,17 +182,29 @@ fn read_certs(path: &Path, what: &'static str) -> Result<Vec<CertificateDer<'sta
     Ok(certs)
 }
 
-/// Verifies per `sslmode`: the chain when roots are configured, the host
-/// name only for `verify-full`; handshake signatures always.
-#[derive(Debug)]
-struct PgVerifier {
-    chain: Option<Arc<WebPkiServerVerifier>>,
-    check_host: bool,
-    provider: Arc<CryptoProvider>,
+/// What a client accepts of a server's certificate; [`Verifier`] checks
+/// the handshake's signatures whatever it says.
+trait Acceptance: std::fmt::Debug + Send + Sync {
+    fn accept(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error>;
 }
 
-impl ServerCertVerifier for PgVerifier {
-    fn verify_server_cert(
+/// Per `sslmode`: the chain when roots are configured, the host name only
+/// for `verify-full`.
+#[derive(Debug)]
+struct SslModeAcceptance {
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    check_host: bool,
+}
+
+impl Acceptance for SslModeAcceptance {
+    fn accept(
         &self,
         end_entity: &CertificateDer<'_>,
         intermediates: &[CertificateDer<'_>],
@@ -208,6 +222,68 @@ impl ServerCertVerifier for PgVerifier {
             )) if !self.check_host => Ok(ServerCertVerified::assertion()),
             other => other,
         }
+    }
+}
+
+/// Exactly these certificates, whatever signed them and whatever names
+/// they hold.
+#[derive(Debug)]
+struct Pinned(Vec<CertificateDer<'static>>);
+
+impl Acceptance for Pinned {
+    fn accept(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        if self.0.iter().any(|c| c.as_ref() == end_entity.as_ref()) {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+}
+
+/// A client configuration that trusts exactly the certificates in the
+/// PEM file `path`: for a peer whose own certificate walbridge is
+/// configured with (`walbridge status` asking the running process).
+pub fn pinned_client_config(path: &Path) -> Result<ClientConfig, TlsError> {
+    let provider = provider();
+    let verifier = Arc::new(Verifier {
+        acceptance: Pinned(read_certs(path, "certificate")?),
+        provider: provider.clone(),
+    });
+    Ok(ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth())
+}
+
+/// Accepts a certificate as `acceptance` says; verifies handshake
+/// signatures always.
+#[derive(Debug)]
+struct Verifier<A> {
+    acceptance: A,
+    provider: Arc<CryptoProvider>,
+}
+
+impl<A: Acceptance> ServerCertVerifier for Verifier<A> {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        self.acceptance
+            .accept(end_entity, intermediates, server_name, ocsp, now)
     }
 
     fn verify_tls12_signature(

@@ -23,10 +23,8 @@ use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Json, Response};
 use axum::routing::get;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::{DigitallySignedStruct, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
@@ -309,7 +307,8 @@ async fn status(State(admin): State<Arc<Admin>>) -> Json<crate::status::Status> 
 
 /// Asks the walbridge running on `data_dir`, whose endpoint `config`
 /// describes, for its `/status`. Over TLS it trusts the certificate of
-/// `tls_cert` and no other ([`Pinned`]).
+/// `tls_cert` and no other, whatever signed it and whatever names it
+/// holds: it dials the address the process itself wrote into `data_dir`.
 pub async fn running_status(
     config: &AdminConfig,
     data_dir: &std::path::Path,
@@ -327,14 +326,8 @@ pub async fn running_status(
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut client = reqwest::Client::builder().timeout(std::time::Duration::from_secs(10));
     if let Some(cert) = &config.tls_cert {
-        let certs = read_chain(cert)?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let tls = rustls::ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .map_err(failed("cannot set up TLS"))?
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(Pinned { certs, provider }))
-            .with_no_client_auth();
+        let tls =
+            walbridge_pg::tls::pinned_client_config(cert).map_err(failed("[admin] tls_cert"))?;
         client = client.tls_backend_preconfigured(tls);
     }
     let client = client
@@ -353,58 +346,4 @@ pub async fn running_status(
         .json()
         .await
         .map_err(failed(format!("{url} answered no status")))
-}
-
-/// Trusts exactly the certificate the configuration names: `walbridge
-/// status` talks to its own kind on the address that process wrote into
-/// `data_dir`, so the pinned certificate is the check that matters —
-/// whatever signed it (or nothing) and whatever names it holds.
-#[derive(Debug)]
-struct Pinned {
-    certs: Vec<CertificateDer<'static>>,
-    provider: Arc<rustls::crypto::CryptoProvider>,
-}
-
-impl ServerCertVerifier for Pinned {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        if self.certs.iter().any(|c| c.as_ref() == end_entity.as_ref()) {
-            Ok(ServerCertVerified::assertion())
-        } else {
-            Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::ApplicationVerificationFailure,
-            ))
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        let algorithms = &self.provider.signature_verification_algorithms;
-        rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        let algorithms = &self.provider.signature_verification_algorithms;
-        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        let algorithms = &self.provider.signature_verification_algorithms;
-        algorithms.supported_schemes()
-    }
 }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 use walbridge_sink::{
-    BoxFuture, CheckScope, ConfigContext, CursorFileSink, Health, Routed, Sink, SinkConfig,
-    SinkFailure, SinkKind, SinkRun, SourceLog, Visibility, starts_from_cursor,
+    BoxFuture, CheckScope, ConfigContext, CursorFileSink, Forgotten, Health, Routed, Sink,
+    SinkConfig, SinkFailure, SinkKind, SinkRun, SourceLog, Visibility, starts_from_cursor,
 };
 
 use crate::{KafkaSink, KafkaSinkConfig, SchemaRegistrySetting, SinkError};
@@ -59,6 +59,28 @@ impl SinkConfig for KafkaSinkConfig {
 
     fn check<'a>(&'a self, scope: &'a CheckScope<'a>) -> BoxFuture<'a, Health> {
         Box::pin(crate::health_check(self, scope))
+    }
+
+    /// Topics and their messages are the consumers' (nothing is removed).
+    /// With `exactly_once`, the source's position record stays on the
+    /// positions topic: it names the log that was dropped, so the next run
+    /// does not resume from it; compaction keeps it until a newer one.
+    fn forget<'a>(&'a self, source: &'a str) -> BoxFuture<'a, Forgotten> {
+        let left = if self.exactly_once {
+            vec![format!(
+                "the position record `{}` on topic {} (it names the dropped log and is not resumed from; nothing to do)",
+                crate::positions::record_key(&self.name, source),
+                self.positions_topic
+            )]
+        } else {
+            Vec::new()
+        };
+        Box::pin(async move {
+            Forgotten {
+                removed: Vec::new(),
+                left,
+            }
+        })
     }
 
     fn open(&self, cursor_dir: &Path) -> Result<Arc<dyn Sink>, SinkFailure> {

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use walbridge_core::Lsn;
 use walbridge_sink::{
-    BoxFuture, CheckScope, ConfigContext, CursorPosition, Health, Routed, Sink, SinkConfig,
-    SinkFailure, SinkKind, SinkRun, SourceLog, Visibility,
+    BoxFuture, CheckScope, ConfigContext, CursorPosition, Forgotten, Health, Routed, Sink,
+    SinkConfig, SinkFailure, SinkKind, SinkRun, SourceLog, Visibility,
 };
 
 use crate::{PostgresSink, PostgresSinkConfig, PostgresSinkHandle, SinkError};
@@ -81,6 +81,34 @@ impl SinkConfig for PostgresSinkConfig {
         Ok(Arc::new(Opened {
             handle: sink.handle(),
         }))
+    }
+
+    fn forget<'a>(&'a self, source: &'a str) -> BoxFuture<'a, Forgotten> {
+        Box::pin(async move {
+            let by_hand = || {
+                crate::progress::forget_by_hand(
+                    self.progress,
+                    &self.progress_table,
+                    &self.name,
+                    source,
+                )
+            };
+            let connected = async {
+                let params = crate::connect::params(self)?;
+                crate::connect::connect(self, &params).await
+            };
+            match connected.await {
+                Ok(client) => {
+                    crate::progress::forget(&client, &self.progress_table, &self.name, source).await
+                }
+                Err(e) => Forgotten {
+                    removed: Vec::new(),
+                    left: std::iter::once(format!("nothing removed from the target: {e}"))
+                        .chain(by_hand())
+                        .collect(),
+                },
+            }
+        })
     }
 
     fn skip<'a>(

@@ -19,6 +19,8 @@ use tokio_postgres::Client;
 use walbridge_core::{Lsn, PgTimestamp};
 use walbridge_pg::{quote_ident, quote_literal, quote_qualified};
 
+use walbridge_sink::Forgotten;
+
 use crate::config::ProgressMode;
 use crate::error::SinkError;
 
@@ -489,4 +491,110 @@ async fn may_use_origins(client: &Client) -> Result<bool, SinkError> {
         .await
         .map_err(failed("checking the role's privileges"))?;
     Ok(row.get(0))
+}
+
+/// What `walbridge drop` of `source` removes from the target of `sink`:
+/// its replication origins (the source's, and its copy lanes') and its
+/// rows of the progress table, whichever exist. What the role may not
+/// remove is left, said with the statement that removes it.
+pub async fn forget(client: &Client, progress_table: &str, sink: &str, source: &str) -> Forgotten {
+    let mut forgotten = Forgotten::default();
+    let origin = ProgressStore::origin_name(sink, source);
+    // The names first: a role without EXECUTE on the drop function may
+    // still have nothing to drop.
+    match client
+        .query(
+            "SELECT roname FROM pg_replication_origin \
+             WHERE roname = $1 OR starts_with(roname, $1 || '_copy_') ORDER BY roname",
+            &[&origin],
+        )
+        .await
+    {
+        Ok(rows) => {
+            for row in rows {
+                let name: String = row.get(0);
+                match client
+                    .execute("SELECT pg_replication_origin_drop($1)", &[&name])
+                    .await
+                {
+                    Ok(_) => forgotten
+                        .removed
+                        .push(format!("dropped replication origin {name}")),
+                    Err(e) => forgotten.left.push(format!(
+                        "replication origin {name} ({}): SELECT pg_replication_origin_drop({});",
+                        failed(format!("dropping {name}"))(e),
+                        quote_literal(&name)
+                    )),
+                }
+            }
+        }
+        Err(e) => forgotten.left.push(format!(
+            "{} ({})",
+            forget_by_hand(ProgressMode::Origin, progress_table, sink, source).concat(),
+            failed("listing replication origins")(e)
+        )),
+    }
+    let rows_by_hand =
+        || forget_by_hand(ProgressMode::Table, progress_table, sink, source).concat();
+    let Ok((schema, table)) = split_qualified(progress_table) else {
+        return forgotten;
+    };
+    let table = quote_qualified(schema, table);
+    let deleted = async {
+        let exists: bool = client
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+            .await?
+            .get(0);
+        if !exists {
+            return Ok(0);
+        }
+        client
+            .execute(
+                &format!(
+                    "DELETE FROM {table} WHERE sink = $1 AND (source = $2 OR starts_with(source, $2 || '/copy '))"
+                ),
+                &[&sink, &source],
+            )
+            .await
+    };
+    match deleted.await {
+        Ok(0) => {}
+        Ok(n) => forgotten
+            .removed
+            .push(format!("deleted {n} row(s) from {progress_table}")),
+        Err(e) => forgotten.left.push(format!(
+            "{} ({})",
+            rows_by_hand(),
+            failed(format!("deleting from {progress_table}"))(e)
+        )),
+    }
+    forgotten
+}
+
+/// What [`forget`] would remove, as statements to run on the target by
+/// hand: for `mode` auto, both kinds of store.
+pub fn forget_by_hand(
+    mode: ProgressMode,
+    progress_table: &str,
+    sink: &str,
+    source: &str,
+) -> Vec<String> {
+    let origin = ProgressStore::origin_name(sink, source);
+    let mut left = Vec::new();
+    if mode != ProgressMode::Table {
+        left.push(format!(
+            "replication origin {origin} (and its copy lanes), if it exists: \
+             SELECT pg_replication_origin_drop(roname) FROM pg_replication_origin WHERE roname = {0} OR starts_with(roname, {0} || '_copy_');",
+            quote_literal(&origin)
+        ));
+    }
+    if mode != ProgressMode::Origin {
+        left.push(format!(
+            "the rows of source `{source}` in {progress_table}, if any: \
+             DELETE FROM {progress_table} WHERE sink = {} AND (source = {1} OR starts_with(source, {1} || '/copy '));",
+            quote_literal(sink),
+            quote_literal(source)
+        ));
+    }
+    left
 }

@@ -100,6 +100,23 @@ pub trait SinkConfig: Send + Sync + std::fmt::Debug {
         let _ = (cursor_dir, lsn);
         None
     }
+
+    /// `walbridge drop` of `source`: removes what the sink keeps for it
+    /// outside `data_dir` (on its destination), and says what it removed
+    /// and what is left there, with how to remove it. Nothing by default.
+    fn forget<'a>(&'a self, source: &'a str) -> BoxFuture<'a, Forgotten> {
+        let _ = source;
+        Box::pin(async { Forgotten::default() })
+    }
+}
+
+/// What [`SinkConfig::forget`] did, a line each.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Forgotten {
+    /// What it removed.
+    pub removed: Vec<String>,
+    /// What is left, and how to remove it by hand.
+    pub left: Vec<String>,
 }
 
 /// What `walbridge check` knows besides a sink's configuration.

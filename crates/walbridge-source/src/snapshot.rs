@@ -233,22 +233,40 @@ fn report_progress(table: &str, tally: &TableTally) {
     let secs = tally.started.elapsed().as_secs_f64().max(0.001);
     let rows = tally.rows.load(Ordering::Relaxed);
     let bytes = tally.bytes.load(Ordering::Relaxed);
-    let share = tally
-        .estimate
-        .map(|total| {
-            format!(
-                " of about {total} ({}%)",
-                (rows * 100 / total.max(1)).min(99)
-            )
-        })
-        .unwrap_or_default();
+    let rows_per_sec = rows as f64 / secs;
+    let eta = eta_seconds(rows, tally.estimate, rows_per_sec);
     tracing::info!(
         table = %table,
         rows,
         bytes,
-        rows_per_sec = (rows as f64 / secs) as u64,
-        "copying table: {rows} rows{share} so far"
+        rows_per_sec = rows_per_sec as u64,
+        eta_seconds = eta,
+        "copying table: {}",
+        progress_text(rows, tally.estimate, eta)
     );
+}
+
+/// Seconds left at `rows_per_sec` until the planner's estimate of the
+/// table's rows: none without an estimate or a rate, and none once past
+/// the estimate (then it was low, and nothing better is known).
+fn eta_seconds(rows: u64, estimate: Option<u64>, rows_per_sec: f64) -> Option<u64> {
+    let total = estimate?;
+    (rows > 0 && rows < total && rows_per_sec > 0.0)
+        .then(|| ((total - rows) as f64 / rows_per_sec).ceil() as u64)
+}
+
+/// `N rows of about M (P%, about S s left) so far`.
+fn progress_text(rows: u64, estimate: Option<u64>, eta: Option<u64>) -> String {
+    let share = estimate
+        .map(|total| {
+            let percent = (rows * 100 / total.max(1)).min(99);
+            match eta {
+                Some(left) => format!(" of about {total} ({percent}%, about {left} s left)"),
+                None => format!(" of about {total} ({percent}%)"),
+            }
+        })
+        .unwrap_or_default();
+    format!("{rows} rows{share} so far")
 }
 
 fn copy_query(job: &TableJob) -> String {
@@ -367,4 +385,24 @@ async fn copy_job(
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn copy_progress_says_share_and_time_left_against_the_estimate() {
+        assert_eq!(super::eta_seconds(250, Some(1000), 50.0), Some(15));
+        assert_eq!(super::eta_seconds(0, Some(1000), 0.0), None);
+        assert_eq!(super::eta_seconds(1200, Some(1000), 50.0), None);
+        assert_eq!(super::eta_seconds(250, None, 50.0), None);
+        assert_eq!(
+            super::progress_text(250, Some(1000), Some(15)),
+            "250 rows of about 1000 (25%, about 15 s left) so far"
+        );
+        assert_eq!(
+            super::progress_text(1200, Some(1000), None),
+            "1200 rows of about 1000 (99%) so far"
+        );
+        assert_eq!(super::progress_text(7, None, None), "7 rows so far");
+    }
 }

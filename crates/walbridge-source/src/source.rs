@@ -336,8 +336,9 @@ impl Source {
         }
     }
 
-    /// Drops the source's slot (if it exists) and its state.
-    pub async fn drop_slot_and_state(&self) -> Result<bool, SourceError> {
+    /// Drops the source's slot on the publisher, if it exists; says
+    /// whether it did.
+    pub async fn drop_slot(&self) -> Result<bool, SourceError> {
         let mut conn = ReplicationConnection::connect(&self.params, self.config.application_name())
             .await
             .map_err(|e| self.err(e))?;
@@ -352,18 +353,26 @@ impl Source {
                 .map_err(|e| self.err(e))?;
         }
         conn.close().await;
-        match std::fs::remove_dir_all(&self.state_dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(SourceError::State(
-                    self.config.name.clone(),
-                    self.state_dir.clone(),
-                    e,
-                ));
-            }
-        }
         Ok(existed)
+    }
+
+    /// Removes the source's state from `data_dir` (its log, spill files and
+    /// slot bookkeeping): the next run starts over.
+    pub fn remove_state(&self) -> Result<(), SourceError> {
+        match std::fs::remove_dir_all(&self.state_dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(SourceError::State(
+                self.config.name.clone(),
+                self.state_dir.clone(),
+                e,
+            )),
+        }
+    }
+
+    /// Where the publisher is, for messages (`host:port/dbname`).
+    pub fn target(&self) -> String {
+        self.params.display_target()
     }
 
     /// Runs until `shutdown` turns true or a permanent error. Transient

@@ -1,12 +1,21 @@
-//! `walbridge drop`: a source's slot and state, like DROP SUBSCRIPTION.
+//! `walbridge drop`: a source's slot, its state, and what sinks keep for
+//! it on their targets — like DROP SUBSCRIPTION, including the case of a
+//! publisher that is gone (`--keep-slot`, like first `ALTER SUBSCRIPTION …
+//! SET (slot_name = NONE)`).
 
 use anyhow::Context;
+use walbridge_sink::reads;
 use walbridge_source::Source;
 
 use crate::{EXIT_CONFIG, Failure, load, lock};
 
-/// Drops the slot and the state of every source, or of `only`.
-pub async fn drop_sources(path: &std::path::Path, only: Option<&str>) -> Result<(), Failure> {
+/// Drops every source, or `only`: its slot (unless `keep_slot`), its
+/// state, and what each sink reading it keeps on its target.
+pub async fn drop_sources(
+    path: &std::path::Path,
+    only: Option<&str>,
+    keep_slot: bool,
+) -> Result<(), Failure> {
     let config = load(path)?;
     if let Some(name) = only
         && !config.sources.iter().any(|s| s.name == name)
@@ -22,25 +31,46 @@ pub async fn drop_sources(path: &std::path::Path, only: Option<&str>) -> Result<
         .iter()
         .filter(|s| only.is_none_or(|n| n == s.name))
     {
+        let name = &source_config.name;
         let source = Source::new(source_config.clone(), &config.data_dir).map_err(|e| Failure {
             code: EXIT_CONFIG,
             error: e.into(),
         })?;
-        let existed = source
-            .drop_slot_and_state()
-            .await
-            .with_context(|| format!("cannot drop source `{}`", source_config.name))?;
         let slot = source_config.slot_name();
-        if existed {
+        if keep_slot {
+            source
+                .remove_state()
+                .with_context(|| format!("cannot drop source `{name}`"))?;
             println!(
-                "dropped slot `{slot}` and the state of source `{}`",
-                source_config.name
+                "source `{name}`: state removed; slot `{slot}` kept on {} (--keep-slot). \
+                 It holds WAL on the publisher until it is dropped there: \
+                 SELECT pg_drop_replication_slot('{slot}');",
+                source.target()
             );
         } else {
-            println!(
-                "source `{}`: slot `{slot}` did not exist; state removed",
-                source_config.name
-            );
+            let existed = source.drop_slot().await.with_context(|| {
+                format!(
+                    "cannot drop the slot of source `{name}` (if the publisher is gone for good, \
+                     `walbridge drop --keep-slot` removes walbridge's state without it)"
+                )
+            })?;
+            source
+                .remove_state()
+                .with_context(|| format!("cannot drop source `{name}`"))?;
+            if existed {
+                println!("source `{name}`: dropped slot `{slot}` and the state");
+            } else {
+                println!("source `{name}`: slot `{slot}` did not exist; state removed");
+            }
+        }
+        for sink in config.sinks.iter().filter(|s| reads(s.as_ref(), name)) {
+            let forgotten = sink.forget(name).await;
+            for line in forgotten.removed {
+                println!("sink `{}`: {line}", sink.name());
+            }
+            for line in forgotten.left {
+                println!("sink `{}`: left for source `{name}`: {line}", sink.name());
+            }
         }
     }
     Ok(())

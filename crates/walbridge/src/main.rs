@@ -152,9 +152,13 @@ enum Command {
         #[arg(long, value_name = "NAME")]
         sink: String,
     },
-    /// Drop sources' replication slots and state (like DROP SUBSCRIPTION).
+    /// Drop sources' replication slots and state (like DROP SUBSCRIPTION),
+    /// and what sinks keep for them on their targets.
     ///
-    /// The next `run` starts over: a new slot and a fresh copy of the tables.
+    /// The next `run` starts over: a new slot and a fresh copy of the
+    /// tables. A postgres sink's replication origins and progress rows for
+    /// the source are removed; what cannot be is named, with the SQL that
+    /// removes it.
     Drop {
         /// The configuration file.
         #[arg(short, long, value_name = "FILE")]
@@ -162,6 +166,10 @@ enum Command {
         /// Only this source (default: all).
         #[arg(long, value_name = "NAME")]
         source: Option<String>,
+        /// Leave the slot on the publisher and do not contact it (for a
+        /// publisher that is gone): prints the slot to drop there by hand.
+        #[arg(long)]
+        keep_slot: bool,
     },
 }
 
@@ -260,7 +268,11 @@ fn main() -> ExitCode {
         match &cli.command {
             Command::Run { config } => run::run_pipeline(config).await,
             Command::Check { config } => check::check(config).await,
-            Command::Drop { config, source } => drop::drop_sources(config, source.as_deref()).await,
+            Command::Drop {
+                config,
+                source,
+                keep_slot,
+            } => drop::drop_sources(config, source.as_deref(), *keep_slot).await,
             Command::Skip { config, sink, lsn } => skip::skip(config, sink, *lsn).await,
             Command::Status { config, json } => status::status(config, *json).await,
             Command::Pause { config, sink } => pause::set_paused(config, sink, true),
