@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use walbridge_tests::Cluster;
+use walbridge_tests::admin::{metrics, value};
 use walbridge_tests::kafka::{Broker, ConsumeOptions, Consumed, consume};
 use walbridge_tests::walbridge::Deployment;
 
@@ -479,6 +480,29 @@ fn an_oversized_message_stops_the_sink_naming_topic_table_and_key() {
     // Nothing after the refused message was sent.
     let messages = p.read(&["src.public.docs"], 1);
     assert_eq!(messages.len(), 1);
+    // /metrics: the one message delivered, none failed in delivery (the
+    // client refused the big one before sending it), none in flight.
+    let samples = metrics(&p.wb.admin_address(WAIT));
+    let messages = |outcome| {
+        value(
+            &samples,
+            "walbridge_kafka_messages_total",
+            &[("sink", "events"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(
+        (messages("delivered"), messages("failed")),
+        (Some(1.0), Some(0.0)),
+        "{samples:#?}"
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "walbridge_kafka_in_flight_messages",
+            &[("sink", "events")]
+        ),
+        Some(0.0)
+    );
 }
 
 /// A table of the type list, in one row, for the schema formats.

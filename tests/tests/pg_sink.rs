@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use walbridge_tests::Cluster;
+use walbridge_tests::admin::{lint_metrics, metrics, value};
 use walbridge_tests::walbridge::{Deployment, Running};
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -330,6 +331,31 @@ fn changes_to_rows_missing_on_the_target_are_skipped_and_counted() {
         "SELECT string_agg(id || '=' || v, ',' ORDER BY id) FROM t",
         "1=v1,2=v2,5=updated,7=v7,8=v8,9=v9,10=v10,11=after",
     );
+    // Counted in /metrics too, by operation.
+    let admin = r.wb.admin_address(WAIT);
+    let labels = |op| [("sink", "replica"), ("source", "src"), ("operation", op)];
+    let samples = metrics(&admin);
+    let missing = |op| {
+        value(
+            &samples,
+            "walbridge_postgres_missing_rows_total",
+            &labels(op),
+        )
+    };
+    assert_eq!(
+        (missing("update"), missing("delete")),
+        (Some(1.0), Some(1.0))
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "walbridge_postgres_transactions_total",
+            &[("sink", "replica"), ("source", "src")]
+        ),
+        Some(3.0),
+        "{samples:#?}"
+    );
+    assert_eq!(lint_metrics(&admin), "", "promtool check metrics");
     let status = running.stop(WAIT);
     assert!(status.success(), "exit {status}; log:\n{}", r.wb.log());
     let log = r.wb.log();
@@ -558,6 +584,23 @@ fn on_conflict_skip_and_upsert() {
         "SELECT string_agg(id || '=' || v, ',' ORDER BY id) FROM t",
         "1=local,2=two,4=four,5=five",
     );
+    // Both counted in /metrics.
+    let admin = r.wb.admin_address(WAIT);
+    let skipped = [("sink", "skipping"), ("source", "src")];
+    let deadline = std::time::Instant::now() + WAIT;
+    while value(
+        &metrics(&admin),
+        "walbridge_postgres_conflicts_skipped_total",
+        &skipped,
+    ) != Some(2.0)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:#?}",
+            metrics(&admin)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     // upsert: the duplicate insert updates the row; the check violation still stops it.
     let got = s.wait_for_db(
         "upserts",

@@ -40,6 +40,8 @@ struct State {
     failure: Option<SinkError>,
     /// A delivery failed: no position is released any more.
     failed: bool,
+    /// Messages in flight in all epochs.
+    in_flight: usize,
 }
 
 /// Counts messages in flight per epoch.
@@ -47,23 +49,34 @@ struct State {
 pub struct Tracker {
     state: Mutex<State>,
     changed: Notify,
+    /// `walbridge_kafka_in_flight_messages` of the sink.
+    in_flight: metrics::Gauge,
 }
 
 impl Default for Tracker {
     fn default() -> Self {
+        Tracker::new(metrics::Gauge::noop())
+    }
+}
+
+impl Tracker {
+    /// A tracker that also keeps `in_flight` (a metric) up to date.
+    pub fn new(in_flight: metrics::Gauge) -> Self {
+        // A producer made again (after a failure) starts from nothing.
+        in_flight.set(0.0);
         Tracker {
             state: Mutex::new(State {
                 first: 0,
                 epochs: VecDeque::from([Epoch::default()]),
                 failure: None,
                 failed: false,
+                in_flight: 0,
             }),
             changed: Notify::new(),
+            in_flight,
         }
     }
-}
 
-impl Tracker {
     fn state(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave the counts half
         // updated: every update is a single field write.
@@ -77,6 +90,8 @@ impl Tracker {
         if let Some(open) = state.epochs.back_mut() {
             open.in_flight += 1;
         }
+        state.in_flight += 1;
+        self.in_flight.set(state.in_flight as f64);
         id
     }
 
@@ -101,6 +116,8 @@ impl Tracker {
         if let Some(e) = index.and_then(|i| state.epochs.get_mut(i)) {
             e.in_flight = e.in_flight.saturating_sub(1);
         }
+        state.in_flight = state.in_flight.saturating_sub(1);
+        self.in_flight.set(state.in_flight as f64);
         if !state.failed && failure.is_some() {
             state.failed = true;
             state.failure = failure;
@@ -132,7 +149,7 @@ impl Tracker {
 
     /// Messages in flight in all epochs.
     pub fn in_flight(&self) -> usize {
-        self.state().epochs.iter().map(|e| e.in_flight).sum()
+        self.state().in_flight
     }
 
     /// Waits until a delivery completes.
@@ -156,8 +173,35 @@ pub struct Pending {
 pub struct DeliveryContext {
     /// Where deliveries are counted.
     pub tracker: Arc<Tracker>,
+    /// `walbridge_kafka_messages_total` of the sink: delivered, failed.
+    pub delivered: [metrics::Counter; 2],
     /// Says when the brokers stop and start answering.
     pub reachability: crate::client::Reachability,
+}
+
+impl DeliveryContext {
+    /// The context of sink `sink`'s producer: its deliveries tracked by
+    /// `tracker`, both counted in its metrics.
+    pub fn new(sink: &str, brokers: &str) -> Self {
+        use metrics::{counter, describe_counter, describe_gauge, gauge};
+        describe_counter!(
+            "walbridge_kafka_messages_total",
+            "Messages a kafka sink produced, by outcome: delivered (acknowledged by the brokers) or failed."
+        );
+        describe_gauge!(
+            "walbridge_kafka_in_flight_messages",
+            "Messages a kafka sink produced that the brokers have not acknowledged yet."
+        );
+        let outcome = |outcome: &'static str| counter!("walbridge_kafka_messages_total", "sink" => sink.to_owned(), "outcome" => outcome);
+        DeliveryContext {
+            tracker: Arc::new(Tracker::new(gauge!(
+                "walbridge_kafka_in_flight_messages",
+                "sink" => sink.to_owned()
+            ))),
+            delivered: [outcome("delivered"), outcome("failed")],
+            reachability: crate::client::Reachability::new(sink, brokers),
+        }
+    }
 }
 
 /// A key as text for error messages: JSON keys as they are, others as hex.
@@ -194,6 +238,11 @@ impl ProducerContext for DeliveryContext {
     type DeliveryOpaque = Box<Pending>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, pending: Box<Pending>) {
+        let [delivered, failed] = &self.delivered;
+        match result {
+            Ok(_) => delivered.increment(1),
+            Err(_) => failed.increment(1),
+        }
         let failure = match result {
             Ok(_) => {
                 self.reachability.delivered();

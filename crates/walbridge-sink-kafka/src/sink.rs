@@ -100,14 +100,9 @@ impl KafkaSink {
         if self.connected.is_some() {
             return Ok(());
         }
-        let tracker = Arc::new(Tracker::default());
-        let producer = client::producer(
-            &self.config,
-            DeliveryContext {
-                tracker: tracker.clone(),
-                reachability: client::Reachability::new(&self.config.name, &self.config.brokers),
-            },
-        )?;
+        let context = DeliveryContext::new(&self.config.name, &self.config.brokers);
+        let tracker = context.tracker.clone();
+        let producer = client::producer(&self.config, context)?;
         let metadata_producer = producer.clone();
         let refusal = producer.context().reachability.refusal().clone();
         let brokers = client::check_reachable(

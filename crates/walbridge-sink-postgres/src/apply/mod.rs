@@ -161,6 +161,28 @@ struct Totals {
     skipped_conflicts: u64,
 }
 
+/// Gives the sink's metrics their help text (for the recorder the process
+/// has installed by the time an applier starts; a no-op without one).
+fn describe_metrics() {
+    use metrics::describe_counter;
+    describe_counter!(
+        "walbridge_postgres_transactions_total",
+        "Source transactions a postgres sink committed on its target."
+    );
+    describe_counter!(
+        "walbridge_postgres_changes_total",
+        "Changes a postgres sink applied on its target."
+    );
+    describe_counter!(
+        "walbridge_postgres_missing_rows_total",
+        "Updates and deletes that found no row on the target and were skipped, as a native subscriber does, by operation."
+    );
+    describe_counter!(
+        "walbridge_postgres_conflicts_skipped_total",
+        "Inserts skipped because the row was already there (on_conflict = \"skip\")."
+    );
+}
+
 fn simple(client: &Arc<Client>, sql: String) -> impl Future<Output = Outcome> + Send + 'static {
     let client = client.clone();
     async move {
@@ -252,6 +274,7 @@ pub struct ApplierParts {
 impl Applier {
     /// An applier over connected parts.
     pub fn new(parts: ApplierParts) -> Result<Self, SinkError> {
+        describe_metrics();
         let mapper = Mapper::new(&parts.config, &parts.source.name).map_err(SinkError::Mapping)?;
         let isolate = parts.state.stopped_on(&parts.source.name);
         let one_by_one_until = parts.state.one_by_one_until(&parts.source.name);
@@ -592,6 +615,25 @@ impl Applier {
         self.totals.transactions += committed.transactions;
         self.totals.changes += committed.changes as u64;
         let misses = std::mem::take(&mut self.misses);
+        let labels = [
+            ("sink", self.sink.to_string()),
+            ("source", self.source.name.clone()),
+        ];
+        metrics::counter!("walbridge_postgres_transactions_total", &labels)
+            .increment(committed.transactions);
+        metrics::counter!("walbridge_postgres_changes_total", &labels)
+            .increment(committed.changes as u64);
+        for (operation, n) in [("update", misses.updates), ("delete", misses.deletes)] {
+            if n > 0 {
+                let mut labels = labels.to_vec();
+                labels.push(("operation", operation.to_owned()));
+                metrics::counter!("walbridge_postgres_missing_rows_total", &labels).increment(n);
+            }
+        }
+        if misses.skipped_conflicts > 0 {
+            metrics::counter!("walbridge_postgres_conflicts_skipped_total", &labels)
+                .increment(misses.skipped_conflicts);
+        }
         self.totals.update_missing += misses.updates;
         self.totals.delete_missing += misses.deletes;
         self.totals.skipped_conflicts += misses.skipped_conflicts;
