@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use walbridge_tests::Cluster;
+use walbridge_tests::admin::{metrics, value};
 use walbridge_tests::walbridge::{Deployment, ids_with_op};
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -21,6 +22,7 @@ fn streamed_transactions_with_subtransaction_aborts_spill_and_commit_in_order() 
     let wb = Deployment::new();
     wb.configure(&pg, "postgres", "pub", "spill_threshold = \"256kB\"");
     let running = wb.start();
+    let admin = wb.admin_address(WAIT);
     pg.wait_for_streaming(WAIT);
 
     let rows = |from: i32, to: i32| {
@@ -59,6 +61,8 @@ fn streamed_transactions_with_subtransaction_aborts_spill_and_commit_in_order() 
         b.batch_execute("INSERT INTO big VALUES (-1, 'small')")
             .await
             .unwrap_or_else(|e| panic!("{e}"));
+        // While A is open, what walbridge spilled of it shows in /metrics.
+        wait_for_spill(&admin, |bytes| bytes > 256.0 * 1024.0);
         run(format!("{} COMMIT;", rows(50_001, 50_001))).await;
     });
     // An aborted streamed transaction leaves nothing.
@@ -66,6 +70,7 @@ fn streamed_transactions_with_subtransaction_aborts_spill_and_commit_in_order() 
     pg.psql("INSERT INTO big VALUES (-2, 'last')");
     let expected = 5000 + 5000 + 1000 + 1 + 2;
     let lines = wb.wait_for_lines(expected, WAIT);
+    wait_for_spill(&admin, |bytes| bytes == 0.0);
     assert!(running.stop(WAIT).success());
     let inserted = ids_with_op(&lines, "c");
     assert_eq!(inserted.len(), expected, "exactly the committed rows");
@@ -282,4 +287,26 @@ fn unchanged_toast_values_are_reported_as_unavailable() {
     );
     // With REPLICA IDENTITY FULL the old row carries the value.
     assert_eq!(body_len(&lines[3]), 512_000);
+}
+
+/// Waits until `/metrics` at `admin` shows source `src`'s spilled bytes
+/// satisfying `wanted`.
+fn wait_for_spill(admin: &str, wanted: impl Fn(f64) -> bool) {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let samples = metrics(admin);
+        let spilled = value(
+            &samples,
+            "walbridge_source_spill_bytes",
+            &[("source", "src")],
+        );
+        if spilled.is_some_and(&wanted) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "spilled bytes still {spilled:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -114,6 +114,7 @@ pub async fn run(config: Config) -> Result<(), RuntimeError> {
                 stats: r.source.stats(),
                 log: r.log.clone(),
                 log_max_bytes: config.log.max_size.map(|s| s.0),
+                spill_dir: r.source.spill_dir(),
             })
             .collect(),
         sinks: Vec::new(),

@@ -109,6 +109,8 @@ pub struct ObservedSource {
     pub log: Log,
     /// The most its log may hold (`[log] max_size`).
     pub log_max_bytes: Option<u64>,
+    /// Where it spills transactions too large for memory.
+    pub spill_dir: std::path::PathBuf,
 }
 
 /// One source a sink reads.
@@ -203,6 +205,8 @@ pub struct SourceStatus {
     pub changes: serde_json::Map<String, serde_json::Value>,
     /// Connections tried again.
     pub reconnects: u64,
+    /// Bytes of transactions being assembled that are spilled to disk now.
+    pub spill_bytes: u64,
     /// The initial copy: tables done and to do, rows and bytes.
     pub snapshot: SnapshotStatus,
     /// The slot as the publisher last reported it (polled every few
@@ -399,6 +403,11 @@ impl Observed {
             "Times the source connected again after a failure."
         );
         describe_gauge!(
+            "walbridge_source_spill_bytes",
+            Unit::Bytes,
+            "Transactions being assembled that are spilled to disk now (over spill_threshold)."
+        );
+        describe_gauge!(
             "walbridge_source_state",
             "1 for what the source does now (starting, copying, streaming, reconnecting, stopped)."
         );
@@ -505,6 +514,8 @@ impl Observed {
             }
             counter!("walbridge_source_reconnects_total", "source" => name.clone())
                 .absolute(status.reconnects);
+            gauge!("walbridge_source_spill_bytes", "source" => name.clone())
+                .set(status.spill_bytes as f64);
             for phase in SourcePhase::ALL {
                 gauge!("walbridge_source_state", "source" => name.clone(), "state" => phase.as_str())
                     .set(if phase == stats.phase() { 1.0 } else { 0.0 });
@@ -570,6 +581,18 @@ impl Observed {
     }
 }
 
+/// Bytes of the files in `dir` (0 when it cannot be read: none yet).
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok()?.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
 /// A slot's `wal_status` values in `walbridge_slot_wal_status` (and
 /// `missing`: the slot is gone).
 const WAL_STATUSES: [&str; 5] = ["reserved", "extended", "unreserved", "lost", "missing"];
@@ -590,6 +613,7 @@ fn source_status(source: &ObservedSource) -> SourceStatus {
             .map(|(op, n)| ((*op).to_owned(), n.into()))
             .collect(),
         reconnects: load(&stats.reconnects),
+        spill_bytes: dir_bytes(&source.spill_dir),
         snapshot: SnapshotStatus {
             tables_done: load(&stats.snapshot.tables_done),
             tables_total: load(&stats.snapshot.tables_total),

@@ -370,6 +370,12 @@ impl Source {
         }
     }
 
+    /// Where transactions too large to hold in memory are spilled while
+    /// they are assembled (emptied at every start).
+    pub fn spill_dir(&self) -> PathBuf {
+        self.state_dir.join("spill")
+    }
+
     /// Where the publisher is, for messages (`host:port/dbname`).
     pub fn target(&self) -> String {
         self.params.display_target()
@@ -391,7 +397,7 @@ impl Source {
             applied,
             resume_after,
         } = downstream;
-        let spill_dir = self.state_dir.join("spill");
+        let spill_dir = self.spill_dir();
         spill::clear_dir(&spill_dir)
             .map_err(|e| SourceError::Spill(self.config.name.clone(), e))?;
         let mut assembler = Assembler::new(spill_dir, self.config.spill_threshold.0 as usize);
