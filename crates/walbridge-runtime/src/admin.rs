@@ -58,14 +58,21 @@ fn failed<E: Into<Box<dyn std::error::Error + Send + Sync>>>(
     }
 }
 
-/// Listens on `config.listen` and serves the endpoint for as long as the
-/// returned task runs; writes the address into `data_dir` (for
-/// `walbridge status`). Installs the process's metrics recorder.
-pub async fn serve(
-    config: &AdminConfig,
-    data_dir: &std::path::Path,
-    observed: Arc<Observed>,
-) -> Result<tokio::task::JoinHandle<()>, RuntimeError> {
+/// The endpoint bound to its address, with the process's metrics
+/// recorder installed: made before any sink starts, so that every metric
+/// a sink registers reaches the recorder (one registered earlier would go
+/// nowhere).
+pub struct Bound {
+    listener: TcpListener,
+    address: SocketAddr,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    prometheus: PrometheusHandle,
+    process: metrics_process::Collector,
+}
+
+/// Listens on `config.listen`, writes the address into `data_dir` (for
+/// `walbridge status`) and installs the metrics recorder.
+pub async fn bind(config: &AdminConfig, data_dir: &std::path::Path) -> Result<Bound, RuntimeError> {
     let listen = &config.listen;
     let tls = match (&config.tls_cert, &config.tls_key) {
         (Some(cert), Some(key)) => Some(tls_config(cert, key)?),
@@ -90,6 +97,29 @@ pub async fn serve(
     let process = metrics_process::Collector::default();
     process.describe();
     Observed::describe_metrics();
+    Ok(Bound {
+        listener,
+        address,
+        tls,
+        prometheus,
+        process,
+    })
+}
+
+/// Serves the endpoint `bound` over what `observed` shows, for as long as
+/// the returned task runs.
+pub fn serve(
+    bound: Bound,
+    config: &AdminConfig,
+    observed: Arc<Observed>,
+) -> tokio::task::JoinHandle<()> {
+    let Bound {
+        listener,
+        address,
+        tls,
+        prometheus,
+        process,
+    } = bound;
     let admin = Arc::new(Admin {
         observed,
         history: History::default(),
@@ -116,7 +146,7 @@ pub async fn serve(
         token = config.token.is_some(),
         "admin endpoint serving /metrics /healthz /readyz /status"
     );
-    Ok(tokio::spawn(async move {
+    tokio::spawn(async move {
         let serving = async {
             match tls {
                 Some(tls) => axum::serve(TlsListener::new(listener, tls), router).await,
@@ -138,7 +168,7 @@ pub async fn serve(
             }
             never = sampling => match never {},
         }
-    }))
+    })
 }
 
 /// The server side of TLS from the PEM files `cert` (a chain) and `key`.

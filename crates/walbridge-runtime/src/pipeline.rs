@@ -106,6 +106,11 @@ pub async fn run(config: Config) -> Result<(), RuntimeError> {
         });
     }
 
+    // Bound (and its recorder installed) before any sink starts.
+    let admin = match config.admin.listen.as_str() {
+        "" => None,
+        _ => Some(crate::admin::bind(&config.admin, &config.data_dir).await?),
+    };
     let mut observed = Observed {
         sources: runs
             .iter()
@@ -197,12 +202,13 @@ pub async fn run(config: Config) -> Result<(), RuntimeError> {
             inputs: observed_inputs,
         });
     }
-    let _admin = match config.admin.listen.as_str() {
-        "" => None,
-        _ => Some(AbortOnDrop(
-            crate::admin::serve(&config.admin, &config.data_dir, Arc::new(observed)).await?,
-        )),
-    };
+    let admin_server = admin.map(|bound| {
+        AbortOnDrop(crate::admin::serve(
+            bound,
+            &config.admin,
+            Arc::new(observed),
+        ))
+    });
 
     let mut sources = JoinSet::new();
     let mut appenders = Vec::new();
@@ -229,7 +235,7 @@ pub async fn run(config: Config) -> Result<(), RuntimeError> {
             resume_after: head.last_lsn,
         };
         let shutdown = shutdown_rx.clone();
-        let watched = _admin.is_some();
+        let watched = admin_server.is_some();
         sources.spawn(async move {
             let run = source.run(downstream, shutdown);
             // The slot's health is polled only for someone to see it.
