@@ -129,28 +129,23 @@ pub fn chromium(url: &str, screenshot: &Path) -> String {
     let profile = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
     // The flags keep Chromium off the network it would otherwise reach for.
     let run = |extra: &[String]| {
-        let out = Command::new("chromium")
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--hide-scrollbars",
-                "--window-size=1200,1400",
-            ])
-            .arg(format!("--user-data-dir={}", profile.path().display()))
-            .args(extra)
-            .arg(url)
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run chromium (scripts/test.sh installs it): {e}"));
-        assert!(
-            out.status.success(),
-            "chromium failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = crate::succeeds(
+            Command::new("chromium")
+                .args([
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-quic",
+                    "--no-first-run",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--disable-sync",
+                    "--hide-scrollbars",
+                    "--window-size=1200,1400",
+                ])
+                .arg(format!("--user-data-dir={}", profile.path().display()))
+                .args(extra)
+                .arg(url),
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };

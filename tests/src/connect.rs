@@ -22,21 +22,12 @@ fn classpath() -> String {
         .get_or_init(|| {
             let dir = project();
             let listed = dir.join("target/classpath.txt");
-            let out = Command::new("mvn")
-                .args(["-q", "-B", "-f"])
-                .arg(dir.join("pom.xml"))
-                .args(["package", "dependency:build-classpath"])
-                .arg(format!("-Dmdep.outputFile={}", listed.display()))
-                .stdin(Stdio::null())
-                .output()
-                .unwrap_or_else(|e| {
-                    panic!("cannot run mvn (scripts/kafka-test-env.sh installs it): {e}")
-                });
-            assert!(
-                out.status.success(),
-                "building tests/kafka/connect-check failed:\n{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
+            crate::succeeds(
+                Command::new("mvn")
+                    .args(["-q", "-B", "-f"])
+                    .arg(dir.join("pom.xml"))
+                    .args(["package", "dependency:build-classpath"])
+                    .arg(format!("-Dmdep.outputFile={}", listed.display())),
             );
             let dependencies = std::fs::read_to_string(&listed)
                 .unwrap_or_else(|e| panic!("{}: {e}", listed.display()));

@@ -15,17 +15,7 @@ fn mount(args: &[&str], path: &Path) {
         crate::is_root(),
         "this test mounts a tmpfs, which needs root: run the suite as root (as CI does)"
     );
-    let out = Command::new("mount")
-        .args(args)
-        .arg(path)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run mount: {e}"));
-    assert!(
-        out.status.success(),
-        "mount {args:?} {}: {}",
-        path.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::succeeds(Command::new("mount").args(args).arg(path));
 }
 
 impl Tmpfs {

@@ -106,16 +106,7 @@ impl Broker {
             };
             command.arg("--property").arg(format!("{key}={value}"));
         }
-        let output = command
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run acl.py: {e}"));
-        assert!(
-            output.status.success(),
-            "acl.py {args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        crate::succeeds(command.args(args));
     }
 
     /// Starts a broker on a free port and waits until it has started.
@@ -245,18 +236,7 @@ impl Drop for Broker {
 /// compatibility levels, soft and permanent deletes) and returns what it saw.
 pub fn exercise_registry(url: &str) -> Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("kafka/registry_client.py");
-    let output = Command::new(python())
-        .arg(script)
-        .arg(url)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run the registry client: {e}"));
-    assert!(
-        output.status.success(),
-        "the registry client failed ({}): {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let output = crate::succeeds(Command::new(python()).arg(script).arg(url));
     serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
         panic!(
             "the registry client printed no JSON ({e}): {}",
@@ -346,16 +326,7 @@ pub fn consume_with_registry(bootstrap: &str, options: &ConsumeOptions<'_>) -> C
     for (key, value) in options.properties {
         command.arg("--property").arg(format!("{key}={value}"));
     }
-    let output = command
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run the consumer: {e}"));
-    assert!(
-        output.status.success(),
-        "the consumer failed ({}): {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr),
-    );
+    let output = crate::succeeds(&mut command);
     let document: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
         panic!(
             "the consumer printed no JSON ({e}): {}",
@@ -401,16 +372,7 @@ pub struct AuthProxy {
 
 /// Runs `openssl` with `args` in `dir`, failing the test on an error.
 fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap_or_else(|e| panic!("openssl (scripts/test.sh installs it): {e}"));
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::succeeds(Command::new("openssl").args(args).current_dir(dir));
 }
 
 impl AuthProxy {

@@ -103,19 +103,31 @@ fn server_command(bin_dir: Option<&Path>, program: &str) -> Command {
     }
 }
 
-fn run(mut command: Command, what: &str) -> Output {
-    let output = command
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+/// Runs `command`, which must succeed: otherwise the test fails showing
+/// what it printed. Its input is empty.
+pub fn succeeds(command: &mut Command) -> Output {
+    let output = command.stdin(Stdio::null()).output().unwrap_or_else(|e| {
+        panic!(
+            "cannot run {:?} (scripts/test.sh installs what the tests run): {e}",
+            command.get_program()
+        )
+    });
     assert!(
         output.status.success(),
-        "{what} failed ({}):\n{}\n{}",
+        "{command:?} failed ({}):\n{}",
         output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
+        printed(&output)
     );
     output
+}
+
+/// What a finished command printed: its standard output, then its errors.
+pub fn printed(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
 }
 
 /// A free TCP port on the loopback interface.
@@ -242,13 +254,10 @@ impl Cluster {
         let sockets = dir.path().join("sockets");
         std::fs::create_dir(&sockets).unwrap_or_else(|e| panic!("mkdir: {e}"));
         if is_root() {
-            run(
-                {
-                    let mut c = Command::new("chown");
-                    c.args(["-R", SERVER_OS_USER]).arg(dir.path());
-                    c
-                },
-                "chown",
+            succeeds(
+                Command::new("chown")
+                    .args(["-R", SERVER_OS_USER])
+                    .arg(dir.path()),
             );
             std::fs::set_permissions(
                 dir.path(),
@@ -268,7 +277,7 @@ impl Cluster {
             "--locale=C",
             "--no-sync",
         ]);
-        run(initdb, "initdb");
+        succeeds(&mut initdb);
         let version_text = std::fs::read_to_string(data.join("PG_VERSION")).unwrap_or_default();
         let major: u32 = version_text.trim().parse().unwrap_or(0);
         let mut conf = String::new();
@@ -387,7 +396,7 @@ impl Cluster {
     /// Runs SQL with `psql` (a third-party client) as the superuser on
     /// `dbname`; panics on any error. Returns unaligned, tuples-only output.
     pub fn psql_db(&self, dbname: &str, sql: &str) -> String {
-        let out = run(self.psql_command(dbname, sql), &format!("psql `{sql}`"));
+        let out = succeeds(&mut self.psql_command(dbname, sql));
         String::from_utf8_lossy(&out.stdout).trim_end().to_owned()
     }
 
@@ -487,7 +496,7 @@ impl Cluster {
             .args(["-m", "fast", "-w", "-t", "60", "-o"])
             .arg(format!("-p {}", self.port))
             .arg("restart");
-        run(c, "pg_ctl restart");
+        succeeds(&mut c);
     }
 
     /// Starts the server again after [`Cluster::stop`], on the same port.
@@ -553,9 +562,7 @@ fn append(path: &Path, text: &str) {
 /// `openssl` command; key and certificate go into the data directory.
 fn make_certificates(dir: &Path, data: &Path) {
     let openssl = |args: &[&str]| {
-        let mut c = Command::new("openssl");
-        c.args(args).current_dir(dir);
-        run(c, &format!("openssl {}", args.join(" ")));
+        succeeds(Command::new("openssl").args(args).current_dir(dir));
     };
     openssl(&[
         "req",
@@ -615,7 +622,7 @@ fn make_certificates(dir: &Path, data: &Path) {
         c.args([SERVER_OS_USER])
             .arg(data.join("server.crt"))
             .arg(data.join("server.key"));
-        run(c, "chown");
+        succeeds(&mut c);
     }
     std::fs::set_permissions(
         data.join("server.key"),

@@ -386,27 +386,22 @@ fn over_tls_a_token_guards_everything_but_the_probes() {
     wb.configure(&pg, "postgres", "pub", "copy_data = false");
     let cert = wb.path().join("admin.crt");
     let key = wb.path().join("admin.key");
-    let made = std::process::Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-        ])
-        .args(["-nodes", "-days", "1", "-subj", "/CN=walbridge admin"])
-        .args(["-addext", "subjectAltName=IP:127.0.0.1"])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .unwrap_or_else(|e| panic!("openssl: {e}"));
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
+    walbridge_tests::succeeds(
+        std::process::Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+            ])
+            .args(["-nodes", "-days", "1", "-subj", "/CN=walbridge admin"])
+            .args(["-addext", "subjectAltName=IP:127.0.0.1"])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert),
     );
     let mut config = std::fs::read_to_string(wb.config_path()).unwrap_or_default();
     config.push_str(&format!(

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use walbridge_tests::Cluster;
@@ -22,16 +22,7 @@ fn deploy_dir() -> PathBuf {
 
 /// Runs `command`, which must succeed; returns what it printed.
 fn succeeds(command: &mut Command) -> String {
-    let out: Output = command
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{command:?} failed:\n{said}");
-    said
+    walbridge_tests::printed(&walbridge_tests::succeeds(command))
 }
 
 /// `kubectl kustomize DIR`, or `kustomize build DIR` where there is no
