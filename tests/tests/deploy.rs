@@ -140,7 +140,7 @@ fn the_alert_rules_pass_promtool_and_their_unit_tests() {
             .arg("rules")
             .arg(dir.join("alerts.yml")),
     );
-    assert!(said.contains("SUCCESS: 8 rules found"), "{said}");
+    assert!(said.contains("SUCCESS: 10 rules found"), "{said}");
     let said = succeeds(
         Command::new("promtool")
             .arg("test")
@@ -160,7 +160,7 @@ fn the_alert_rules_pass_promtool_and_their_unit_tests() {
             .args(["check", "config"])
             .arg(copy.path().join("scrape.yml")),
     );
-    assert!(said.contains("SUCCESS: 8 rules found"), "{said}");
+    assert!(said.contains("SUCCESS: 10 rules found"), "{said}");
 }
 
 /// The metric names a PromQL text uses (walbridge's and the process's).
@@ -208,18 +208,28 @@ fn the_dashboard_and_the_alerts_name_only_metrics_walbridge_exports() {
     assert!(used.len() > 20, "{used:?}");
 
     // A walbridge exporting everything: a copy done, a slot with a WAL
-    // limit, a log with a max_size.
+    // limit, a log with a max_size, a sink of every kind.
     let pg = Cluster::start();
     pg.psql("ALTER SYSTEM SET max_slot_wal_keep_size = '1GB'");
-    pg.psql(
+    let ddl = "CREATE TABLE t (id int PRIMARY KEY)";
+    pg.psql(&format!(
         "SELECT pg_reload_conf();
-         CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t VALUES (1), (2);
-         CREATE PUBLICATION pub FOR TABLE t;",
-    );
+         {ddl}; INSERT INTO t VALUES (1), (2);
+         CREATE PUBLICATION pub FOR TABLE t;"
+    ));
+    let target = Cluster::start();
+    target.psql(ddl);
+    let broker = walbridge_tests::kafka::Broker::start();
     let wb = Deployment::new();
     wb.configure(&pg, "postgres", "pub", "");
     let mut config = std::fs::read_to_string(wb.config_path()).unwrap_or_default();
-    config.push_str("\n[log]\nmax_size = \"256MiB\"\n");
+    config.push_str(&format!(
+        "\n[[sink]]\nname = \"replica\"\ntype = \"postgres\"\nconnection = \"{}\"\n\n\
+         [[sink]]\nname = \"events\"\ntype = \"kafka\"\nbrokers = \"{}\"\n\n\
+         [log]\nmax_size = \"256MiB\"\n",
+        target.superuser(),
+        broker.bootstrap()
+    ));
     wb.write_config(&config);
     let running = wb.start();
     let admin = wb.admin_address(WAIT);
@@ -233,12 +243,14 @@ fn the_dashboard_and_the_alerts_name_only_metrics_walbridge_exports() {
             "walbridge_slot_safe_wal_size_bytes",
             &[("source", "src")],
         );
-        let delivered = value(
-            &samples,
-            "walbridge_sink_lag_records",
-            &[("sink", "out"), ("source", "src")],
-        );
-        if polled.is_some() && delivered == Some(0.0) {
+        let delivered = ["out", "replica", "events"].iter().all(|sink| {
+            value(
+                &samples,
+                "walbridge_sink_lag_records",
+                &[("sink", sink), ("source", "src")],
+            ) == Some(0.0)
+        });
+        if polled.is_some() && delivered {
             break samples.into_iter().map(|s| s.name).collect();
         }
         assert!(Instant::now() < deadline, "{samples:#?}");

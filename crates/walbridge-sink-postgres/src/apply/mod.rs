@@ -623,17 +623,15 @@ impl Applier {
             .increment(committed.transactions);
         metrics::counter!("walbridge_postgres_changes_total", &labels)
             .increment(committed.changes as u64);
+        // Added even when 0, so the series exist from the first commit on
+        // (an alert on their increase needs a start).
         for (operation, n) in [("update", misses.updates), ("delete", misses.deletes)] {
-            if n > 0 {
-                let mut labels = labels.to_vec();
-                labels.push(("operation", operation.to_owned()));
-                metrics::counter!("walbridge_postgres_missing_rows_total", &labels).increment(n);
-            }
+            let mut labels = labels.to_vec();
+            labels.push(("operation", operation.to_owned()));
+            metrics::counter!("walbridge_postgres_missing_rows_total", &labels).increment(n);
         }
-        if misses.skipped_conflicts > 0 {
-            metrics::counter!("walbridge_postgres_conflicts_skipped_total", &labels)
-                .increment(misses.skipped_conflicts);
-        }
+        metrics::counter!("walbridge_postgres_conflicts_skipped_total", &labels)
+            .increment(misses.skipped_conflicts);
         self.totals.update_missing += misses.updates;
         self.totals.delete_missing += misses.deletes;
         self.totals.skipped_conflicts += misses.skipped_conflicts;
