@@ -92,6 +92,27 @@ fn metrics_status_and_readiness_follow_a_sink_stopped_on_a_conflict() {
         value(&samples, "walbridge_snapshot_rows_total", &src),
         Some(10.0)
     );
+    let table = [("source", "src"), ("table", "\"public\".\"t\"")];
+    assert_eq!(
+        value(&samples, "walbridge_snapshot_table_rows_total", &table),
+        Some(10.0)
+    );
+    // What the sink was handed: the ten rows of the copy, the five inserts.
+    for (operation, n) in [("snapshot", 10.0), ("insert", 5.0), ("update", 0.0)] {
+        let labels = [
+            ("sink", "replica"),
+            ("source", "src"),
+            ("operation", operation),
+        ];
+        assert_eq!(
+            value(&samples, "walbridge_sink_events_total", &labels),
+            Some(n),
+            "{operation}"
+        );
+    }
+    // One segment, holding the log from its beginning.
+    assert_eq!(value(&samples, "walbridge_log_segments", &src), Some(1.0));
+    assert_eq!(value(&samples, "walbridge_log_start_lsn", &src), Some(0.0));
     assert_eq!(
         value(
             &samples,
@@ -148,6 +169,16 @@ fn metrics_status_and_readiness_follow_a_sink_stopped_on_a_conflict() {
     assert_eq!(json["sinks"][0]["name"], "replica", "{json:#}");
     assert_eq!(json["sinks"][0]["state"], "running", "{json:#}");
     assert_eq!(json["sinks"][0]["sources"][0]["lag_records"], 0, "{json:#}");
+    assert_eq!(
+        json["sinks"][0]["sources"][0]["events"]["insert"], 5,
+        "{json:#}"
+    );
+    let copied = &json["sources"][0]["snapshot"]["tables"][0];
+    assert_eq!(copied["table"], "\"public\".\"t\"", "{json:#}");
+    assert_eq!(copied["state"], "done", "{json:#}");
+    assert_eq!(copied["rows"], 10, "{json:#}");
+    assert_eq!(json["sources"][0]["log"]["segments"], 1, "{json:#}");
+    assert_eq!(json["sources"][0]["log"]["start_lsn"], "0/0", "{json:#}");
 
     // A row the target already has: the sink stops on that transaction,
     // the pipeline is not ready, the lag shows, and `/readyz` says why.

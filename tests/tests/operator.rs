@@ -393,6 +393,128 @@ fn long_work_says_how_far_it_has_come() {
     assert_eq!(running.stop(WAIT).code(), Some(0), "log:\n{}", wb.log());
 }
 
+/// The text of `transcript` as drawn piece by piece: escape sequences
+/// (colours, cursor moves, line clearing) left out, split where the cursor
+/// went back to the start of a line (`\r`) or down to a new one.
+fn drawn_pieces(transcript: &str) -> Vec<String> {
+    let mut plain = String::new();
+    let mut chars = transcript.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters, ended by a letter.
+            if chars.next_if_eq(&'[').is_some() {
+                for c in chars.by_ref() {
+                    if c.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        plain.push(c);
+    }
+    plain
+        .split(['\r', '\n'])
+        .filter(|piece| !piece.trim().is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn on_a_terminal_the_copy_draws_progress_bars_and_log_lines_pass_between_them() {
+    let pg = Cluster::start();
+    publish(&pg);
+    pg.psql("INSERT INTO t SELECT g, 'row ' || g FROM generate_series(1, 1000000) g; ANALYZE t");
+    let wb = Deployment::new();
+    wb.configure(&pg, "postgres", "pub", "");
+    let config = std::fs::read_to_string(wb.config_path()).unwrap_or_default();
+    // As often as it can: off a terminal this would log many progress lines.
+    wb.write_config(&format!("progress_interval = \"1ms\"\n{config}"));
+    // The sink waits: what is drawn is the copy into the log alone.
+    let out = wb.command(&["pause", "--sink", "out"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let transcript = wb.path().join("terminal.txt");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("terminal/in_a_terminal.py");
+    let wrapper = [
+        "python3",
+        script.to_str().unwrap_or_default(),
+        transcript.to_str().unwrap_or_default(),
+        "--",
+    ];
+    let running = wb.start_wrapped(&wrapper, &[]);
+    let read =
+        || String::from_utf8_lossy(&std::fs::read(&transcript).unwrap_or_default()).into_owned();
+    let deadline = std::time::Instant::now() + WAIT;
+    while !read().contains("initial copy finished") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}\n{}",
+            read(),
+            wb.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The bars are redrawn every 100 ms: they go once the copy is done.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        running.stop(WAIT).code(),
+        Some(0),
+        "{}\n{}",
+        read(),
+        wb.log()
+    );
+    let shown = read();
+    let pieces = drawn_pieces(&shown);
+    let all = || pieces.join("\n");
+    // The table's bar, against the planner's estimate, and the source's line.
+    assert!(
+        pieces.iter().any(|p| p.contains("  \"public\".\"t\" [")
+            && p.contains("% ")
+            && p.contains("/1,000,000 rows, ")
+            && p.contains(" s left")),
+        "no bar for the table:\n{}",
+        all()
+    );
+    assert!(
+        pieces
+            .iter()
+            .any(|p| p.starts_with("source src: ") && p.contains(" of 1 tables, ")),
+        "no line for the source:\n{}",
+        all()
+    );
+    // The bars took the progress lines' place; other lines are written
+    // whole, from the start of a line of their own, between the bars.
+    assert!(!shown.contains("copying table"), "{}", all());
+    for said in [
+        "snapshot of table finished",
+        "initial copy finished",
+        "SIGTERM received",
+    ] {
+        let piece = pieces.iter().find(|p| p.contains(said));
+        assert!(
+            piece.is_some_and(|p| p.starts_with("20")
+                && p.contains(" INFO ")
+                && !p.contains(" rows, ")
+                && !p.contains("source src:")),
+            "{said}: {piece:?}\n{}",
+            all()
+        );
+    }
+    // The bars' last act is to clear themselves (or there were none left).
+    assert!(
+        shown.ends_with("\r\n") || shown.ends_with("\u{1b}[2K"),
+        "{:?}",
+        shown
+            .chars()
+            .skip(shown.chars().count().saturating_sub(300))
+            .collect::<String>()
+    );
+}
+
 #[test]
 fn logs_for_containers_are_json_lines_with_their_fields() {
     let pg = Cluster::start();

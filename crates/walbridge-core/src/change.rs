@@ -119,7 +119,23 @@ pub fn update_new_row<'a>(new: &'a Row, old: Option<&OldRow>) -> Cow<'a, Row> {
     }
 }
 
+/// What changes do, by the names metrics and status count them under, in
+/// the order of [`Change::operation`].
+pub const OPERATIONS: [&str; 4] = ["insert", "update", "delete", "truncate"];
+
 impl Change {
+    /// What the change does, as an index into [`OPERATIONS`]; none for a
+    /// logical decoding message, which changes no row.
+    pub fn operation(&self) -> Option<usize> {
+        match self {
+            Change::Insert { .. } => Some(0),
+            Change::Update { .. } => Some(1),
+            Change::Delete { .. } => Some(2),
+            Change::Truncate(_) => Some(3),
+            Change::Message(_) => None,
+        }
+    }
+
     /// The WAL position of the change.
     pub fn lsn(&self) -> Lsn {
         match self {

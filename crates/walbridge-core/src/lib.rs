@@ -24,7 +24,8 @@ mod units;
 mod value;
 
 pub use change::{
-    Change, LogicalMessage, OldRow, OldRowKind, Truncate, TruncateOptions, update_new_row,
+    Change, LogicalMessage, OPERATIONS, OldRow, OldRowKind, Truncate, TruncateOptions,
+    update_new_row,
 };
 pub use copy_text::{CopyText, CopyTextError};
 pub use event::{EventBatch, Origin, SnapshotBatch, SourceEvent, TransactionInfo};

@@ -281,6 +281,11 @@ impl Log {
         }
     }
 
+    /// Segment files held on disk (the last one is being written).
+    pub fn segment_count(&self) -> usize {
+        self.shared.state().segments.len()
+    }
+
     /// Bytes held on disk.
     pub fn size(&self) -> u64 {
         *self.shared.size.borrow()

@@ -42,7 +42,7 @@ impl History {
                 .sources
                 .iter()
                 .map(|s| {
-                    let changes = s.changes.values().filter_map(|n| n.as_u64()).sum();
+                    let changes = s.changes.values().sum();
                     (changes, s.slot.as_ref().map(|slot| slot.lag_bytes))
                 })
                 .collect(),
@@ -214,13 +214,32 @@ fn source_section(page: &mut String, source: &SourceStatus, samples: &[Sample], 
             source.snapshot.rows,
             bytes(source.snapshot.bytes)
         );
+        for table in source
+            .snapshot
+            .tables
+            .iter()
+            .filter(|t| t.state == "copying")
+        {
+            let share = table
+                .estimated_rows
+                .map(|n| format!(" of about {n} ({}%)", (table.rows * 100 / n.max(1)).min(99)))
+                .unwrap_or_default();
+            let _ = writeln!(
+                page,
+                "<tr><th>copying</th><td colspan=\"5\">{}: {} rows{share}, {}</td></tr>",
+                escape(&table.table),
+                table.rows,
+                bytes(table.bytes)
+            );
+        }
     }
     let _ = write!(
         page,
-        "<tr><th>log</th><td colspan=\"5\">records {}–{}, {}</td></tr></table>\n<div class=\"charts\">",
+        "<tr><th>log</th><td colspan=\"5\">records {}–{}, {}, segments: {}</td></tr></table>\n<div class=\"charts\">",
         source.log.first_record,
         source.log.next_record,
-        bytes(source.log.bytes)
+        bytes(source.log.bytes),
+        source.log.segments
     );
     sparkline(
         page,

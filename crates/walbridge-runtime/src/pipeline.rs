@@ -29,7 +29,9 @@ use walbridge_source::{Downstream, Source};
 use crate::config::Config;
 use crate::error::RuntimeError;
 use crate::report::describe;
-use crate::status::{Observed, ObservedInput, ObservedSink, ObservedSource, SinkHealth, SinkState};
+use crate::status::{
+    Observed, ObservedInput, ObservedSink, ObservedSource, SinkEvents, SinkHealth, SinkState,
+};
 
 /// How often a running source's slot is polled for the admin endpoint.
 const SLOT_POLL: std::time::Duration = std::time::Duration::from_secs(5);
@@ -58,6 +60,13 @@ const SETTLED: Duration = Duration::from_secs(5);
 /// How long a stopping pipeline lets the sinks catch up with the logs.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// One source a sink reads, as its feeder needs it.
+struct Input {
+    log: SourceLog,
+    /// What the feeder hands the sink, counted.
+    events: Arc<SinkEvents>,
+}
+
 /// A source with its log, before it starts.
 struct SourceRun {
     source: Source,
@@ -69,7 +78,9 @@ struct SourceRun {
 }
 
 /// Runs until SIGINT/SIGTERM (exit cleanly) or a permanent failure.
-pub async fn run(config: Config) -> Result<(), RuntimeError> {
+/// `watch` is given what the pipeline shows of itself (what the admin
+/// endpoint serves) once every source and sink is set up, before any runs.
+pub async fn run(config: Config, watch: impl FnOnce(Arc<Observed>)) -> Result<(), RuntimeError> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let signals = tokio::spawn(wait_for_signal(shutdown_tx.clone()));
     let options = config.log.options();
@@ -156,23 +167,28 @@ pub async fn run(config: Config) -> Result<(), RuntimeError> {
             };
             let (acked, ack_rx) = watch::channel(LogPosition { next: start, lsn });
             run.acks.push((sink_config.name().to_owned(), ack_rx));
+            let events = Arc::new(SinkEvents::default());
             observed_inputs.push(ObservedInput {
                 source: source.clone(),
                 acked: acked.subscribe(),
                 log: run.log.clone(),
+                events: events.clone(),
             });
-            inputs.push(SourceLog {
-                log: run.log.clone(),
-                context: Arc::new(SourceContext {
-                    name: run.source.config().name.clone(),
-                    database: run.source.database().to_owned(),
-                    log_id: run.log.id().to_owned(),
-                    acked,
-                }),
+            inputs.push(Input {
+                log: SourceLog {
+                    log: run.log.clone(),
+                    context: Arc::new(SourceContext {
+                        name: run.source.config().name.clone(),
+                        database: run.source.database().to_owned(),
+                        log_id: run.log.id().to_owned(),
+                        acked,
+                    }),
+                },
+                events,
             });
         }
         // The parts that run, fail and are retried on their own.
-        let units = if sink.per_source() {
+        let units: Vec<Vec<Input>> = if sink.per_source() {
             inputs.into_iter().map(|input| vec![input]).collect()
         } else {
             vec![inputs]
@@ -202,13 +218,10 @@ pub async fn run(config: Config) -> Result<(), RuntimeError> {
             inputs: observed_inputs,
         });
     }
-    let admin_server = admin.map(|bound| {
-        AbortOnDrop(crate::admin::serve(
-            bound,
-            &config.admin,
-            Arc::new(observed),
-        ))
-    });
+    let observed = Arc::new(observed);
+    watch(observed.clone());
+    let admin_server =
+        admin.map(|bound| AbortOnDrop(crate::admin::serve(bound, &config.admin, observed)));
 
     let mut sources = JoinSet::new();
     let mut appenders = Vec::new();
@@ -448,7 +461,7 @@ enum SinkStop {
 async fn supervise(
     sink: Arc<dyn Sink>,
     name: String,
-    inputs: Vec<SourceLog>,
+    inputs: Vec<Input>,
     health: Arc<SinkHealth>,
     watches: Watches,
     progress_interval: Duration,
@@ -559,7 +572,7 @@ async fn run_sink(
     mut run: Box<dyn walbridge_sink::SinkRun>,
     sink: &dyn Sink,
     name: &str,
-    inputs: &[SourceLog],
+    inputs: &[Input],
     health: &Arc<SinkHealth>,
     watches: Watches,
     progress_interval: Duration,
@@ -568,10 +581,11 @@ async fn run_sink(
         closing,
         mut paused,
     } = watches;
-    let starts = run.resume(inputs).await.map_err(SinkStop::Sink)?;
+    let logs: Vec<SourceLog> = inputs.iter().map(|i| i.log.clone()).collect();
+    let starts = run.resume(&logs).await.map_err(SinkStop::Sink)?;
     let _settle = AbortOnDrop(tokio::spawn(settle(
         health.clone(),
-        inputs.iter().map(|i| i.context.acked.subscribe()).collect(),
+        logs.iter().map(|l| l.context.acked.subscribe()).collect(),
     )));
     let (tx, rx) = mpsc::channel::<Routed>(SINK_QUEUE);
     let abort = Arc::new(watch::Sender::new(false));
@@ -587,19 +601,21 @@ async fn run_sink(
     for (input, start) in inputs.iter().zip(starts) {
         let reader = input
             .log
+            .log
             .reader_with(start, sink.visibility())
             .map_err(|error| {
                 SinkStop::Log(RuntimeError::SinkLog {
                     sink: name.to_owned(),
-                    source_name: input.context.name.clone(),
+                    source_name: input.log.context.name.clone(),
                     error,
                 })
             })?;
         let feeder = Feeder {
             reader,
-            log: input.log.clone(),
+            log: input.log.log.clone(),
             sink: name.to_owned(),
-            context: input.context.clone(),
+            context: input.log.context.clone(),
+            events: input.events.clone(),
             queue: tx.clone(),
             closing: closing.clone(),
             abort: abort.clone(),
@@ -664,6 +680,8 @@ struct Feeder {
     log: Log,
     sink: String,
     context: Arc<SourceContext>,
+    /// What it hands the sink, counted.
+    events: Arc<SinkEvents>,
     queue: mpsc::Sender<Routed>,
     /// The logs are closed: read to the end, then stop.
     closing: watch::Receiver<bool>,
@@ -752,9 +770,11 @@ impl Feeder {
                             next = self.reader.try_next().map_err(failed)?;
                         }
                     }
+                    let handed = SinkEvents::tally(&routed.events);
                     if self.queue.blocking_send(routed).is_err() {
                         return Ok(());
                     }
+                    self.events.add(handed);
                     self.report_progress();
                 }
                 None if *self.closing.borrow() => return Ok(()),

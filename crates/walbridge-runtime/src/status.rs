@@ -6,15 +6,16 @@
 //! when someone asks — the admin endpoint's `/status`, `/readyz` and
 //! `/metrics` — so watching costs nothing on the data path.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 use tokio::sync::watch;
-use walbridge_core::PgTimestamp;
+use walbridge_core::{OPERATIONS, PgTimestamp, SourceEvent};
 use walbridge_log::{Entry, Log};
 use walbridge_sink::LogPosition;
-use walbridge_source::{OPERATIONS, SourcePhase, SourceStats};
+use walbridge_source::{SourcePhase, SourceStats};
 
 /// What a sink is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -113,6 +114,50 @@ pub struct ObservedSource {
     pub spill_dir: std::path::PathBuf,
 }
 
+/// What a sink's events are counted by: [`OPERATIONS`], then `snapshot`
+/// for rows of the initial copy.
+pub const EVENT_KINDS: [&str; 5] = ["insert", "update", "delete", "truncate", "snapshot"];
+
+/// Events handed to a sink from one source, by [`EVENT_KINDS`]. A sink
+/// attempt that fails is handed what it had not acknowledged again, and
+/// that is counted again.
+#[derive(Debug, Default)]
+pub struct SinkEvents([AtomicU64; 5]);
+
+impl SinkEvents {
+    /// `events` counted by [`EVENT_KINDS`], for [`SinkEvents::add`].
+    pub fn tally(events: &[SourceEvent]) -> [u64; 5] {
+        let mut counts = [0u64; 5];
+        for event in events {
+            match event {
+                SourceEvent::Change(change) => {
+                    if let Some(i) = change.operation() {
+                        counts[i] += 1;
+                    }
+                }
+                SourceEvent::Snapshot(batch) => counts[4] += batch.rows.len() as u64,
+                _ => {}
+            }
+        }
+        counts
+    }
+
+    /// Adds what [`SinkEvents::tally`] counted of events handed over
+    /// together: one atomic add per kind present, not per event.
+    pub fn add(&self, counts: [u64; 5]) {
+        for (total, n) in self.0.iter().zip(counts) {
+            if n > 0 {
+                total.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The counts, in [`EVENT_KINDS`] order.
+    pub fn get(&self) -> [u64; 5] {
+        std::array::from_fn(|i| self.0[i].load(Ordering::Relaxed))
+    }
+}
+
 /// One source a sink reads.
 pub struct ObservedInput {
     /// The source.
@@ -121,6 +166,8 @@ pub struct ObservedInput {
     pub acked: watch::Receiver<LogPosition>,
     /// The source's log.
     pub log: Log,
+    /// The events handed to the sink from it.
+    pub events: Arc<SinkEvents>,
 }
 
 /// A sink as the pipeline runs it.
@@ -202,7 +249,7 @@ pub struct SourceStatus {
     /// Transactions it has put in its log since it started.
     pub transactions: u64,
     /// Changes by operation since it started.
-    pub changes: serde_json::Map<String, serde_json::Value>,
+    pub changes: BTreeMap<&'static str, u64>,
     /// Connections tried again.
     pub reconnects: u64,
     /// Bytes of transactions being assembled that are spilled to disk now.
@@ -246,6 +293,25 @@ pub struct SnapshotStatus {
     pub rows: u64,
     /// COPY data received.
     pub bytes: u64,
+    /// Each table of the copy under way (or the last one).
+    pub tables: Vec<TableCopyStatus>,
+}
+
+/// One table of the initial copy in [`SnapshotStatus`].
+#[derive(Debug, Serialize)]
+pub struct TableCopyStatus {
+    /// The table, quoted as in SQL.
+    pub table: String,
+    /// `waiting` (for a worker), `copying` or `done`.
+    pub state: &'static str,
+    /// Rows copied.
+    pub rows: u64,
+    /// COPY data received.
+    pub bytes: u64,
+    /// The planner's estimate of its rows, when it was analyzed.
+    pub estimated_rows: Option<u64>,
+    /// Seconds it has been copied (or took).
+    pub seconds: f64,
 }
 
 /// A source's log in [`SourceStatus`].
@@ -253,6 +319,11 @@ pub struct SnapshotStatus {
 pub struct LogStatus {
     /// The oldest record kept.
     pub first_record: u64,
+    /// The position just before the oldest record kept (`0/0` while the
+    /// log holds its beginning); `None` when it cannot be read.
+    pub start_lsn: Option<String>,
+    /// Segment files on disk.
+    pub segments: usize,
     /// The record the next append gets.
     pub next_record: u64,
     /// The LSN of the readable end.
@@ -293,6 +364,9 @@ pub struct SinkInputStatus {
     /// been committed on the publisher; 0 when it has everything, `None`
     /// while what it has not is no transaction (rows of the copy).
     pub lag_seconds: Option<f64>,
+    /// Events handed to the sink since walbridge started, by operation
+    /// (`snapshot`: rows of the initial copy).
+    pub events: BTreeMap<&'static str, u64>,
 }
 
 impl ObservedInput {
@@ -313,6 +387,7 @@ impl ObservedInput {
                     micros.max(0) as f64 / 1e6
                 })
             },
+            events: EVENT_KINDS.into_iter().zip(self.events.get()).collect(),
         }
     }
 
@@ -436,6 +511,15 @@ impl Observed {
             Unit::Bytes,
             "COPY data of the initial copy."
         );
+        describe_counter!(
+            "walbridge_snapshot_table_rows_total",
+            "Rows of one table of the initial copy (once its copy began)."
+        );
+        describe_counter!(
+            "walbridge_snapshot_table_bytes_total",
+            Unit::Bytes,
+            "COPY data of one table of the initial copy (once its copy began)."
+        );
         describe_gauge!(
             "walbridge_snapshot_tables_done",
             "Tables of the initial copy done."
@@ -450,6 +534,16 @@ impl Observed {
             "walbridge_log_max_bytes",
             Unit::Bytes,
             "The most the source's log may hold ([log] max_size; only when set)."
+        );
+        describe_gauge!(
+            "walbridge_log_segments",
+            "Segment files of the source's log on disk."
+        );
+        describe_gauge!(
+            "walbridge_log_start_lsn",
+            format!(
+                "The position just before the oldest record the source's log keeps {lsn} (0 while it keeps its beginning)."
+            )
         );
         describe_gauge!(
             "walbridge_log_first_record",
@@ -488,6 +582,10 @@ impl Observed {
             Unit::Bytes,
             "WAL between the end of the source's log and what the sink acknowledged."
         );
+        describe_counter!(
+            "walbridge_sink_events_total",
+            "Events handed to the sink since walbridge started, by operation (snapshot: rows of the initial copy; a failed attempt's events are handed, and counted, again)."
+        );
         describe_gauge!(
             "walbridge_sink_lag_seconds",
             Unit::Seconds,
@@ -524,6 +622,17 @@ impl Observed {
                 .absolute(status.snapshot.rows);
             counter!("walbridge_snapshot_bytes_total", "source" => name.clone())
                 .absolute(status.snapshot.bytes);
+            // Tables not begun have nothing to show yet.
+            for table in status
+                .snapshot
+                .tables
+                .iter()
+                .filter(|t| t.state != "waiting")
+            {
+                let labels = [("source", name.clone()), ("table", table.table.clone())];
+                counter!("walbridge_snapshot_table_rows_total", &labels).absolute(table.rows);
+                counter!("walbridge_snapshot_table_bytes_total", &labels).absolute(table.bytes);
+            }
             gauge!("walbridge_snapshot_tables_done", "source" => name.clone())
                 .set(status.snapshot.tables_done as f64);
             gauge!("walbridge_snapshot_tables", "source" => name.clone())
@@ -548,6 +657,13 @@ impl Observed {
             gauge!("walbridge_log_bytes", "source" => name.clone()).set(status.log.bytes as f64);
             if let Some(max) = source.log_max_bytes {
                 gauge!("walbridge_log_max_bytes", "source" => name.clone()).set(max as f64);
+            }
+            gauge!("walbridge_log_segments", "source" => name.clone())
+                .set(status.log.segments as f64);
+            if let Some(start) = (status.log.start_lsn.as_deref())
+                .and_then(|lsn| lsn.parse::<walbridge_core::Lsn>().ok())
+            {
+                gauge!("walbridge_log_start_lsn", "source" => name.clone()).set(start.0 as f64);
             }
             gauge!("walbridge_log_first_record", "source" => name.clone())
                 .set(status.log.first_record as f64);
@@ -576,6 +692,10 @@ impl Observed {
                 // NaN while what it has not acknowledged is rows of the copy.
                 gauge!("walbridge_sink_lag_seconds", &labels)
                     .set(status.lag_seconds.unwrap_or(f64::NAN));
+                for (kind, n) in status.events {
+                    counter!("walbridge_sink_events_total", "sink" => name.clone(), "source" => input.source.clone(), "operation" => kind)
+                        .absolute(n);
+                }
             }
         }
     }
@@ -607,11 +727,7 @@ fn source_status(source: &ObservedSource) -> SourceStatus {
         received_lsn: walbridge_core::Lsn(load(&stats.received)).to_string(),
         confirmed_lsn: walbridge_core::Lsn(load(&stats.confirmed)).to_string(),
         transactions: load(&stats.transactions),
-        changes: OPERATIONS
-            .iter()
-            .zip(stats.changes())
-            .map(|(op, n)| ((*op).to_owned(), n.into()))
-            .collect(),
+        changes: OPERATIONS.into_iter().zip(stats.changes()).collect(),
         reconnects: load(&stats.reconnects),
         spill_bytes: dir_bytes(&source.spill_dir),
         snapshot: SnapshotStatus {
@@ -619,6 +735,23 @@ fn source_status(source: &ObservedSource) -> SourceStatus {
             tables_total: load(&stats.snapshot.tables_total),
             rows: load(&stats.snapshot.rows),
             bytes: load(&stats.snapshot.bytes),
+            tables: stats
+                .snapshot
+                .tables()
+                .iter()
+                .map(|t| TableCopyStatus {
+                    table: t.table().to_owned(),
+                    state: match (t.elapsed(), t.done()) {
+                        (_, true) => "done",
+                        (Some(_), false) => "copying",
+                        (None, false) => "waiting",
+                    },
+                    rows: t.rows(),
+                    bytes: t.bytes(),
+                    estimated_rows: t.estimate(),
+                    seconds: t.elapsed().map_or(0.0, |e| e.as_secs_f64()),
+                })
+                .collect(),
         },
         slot: stats.slot().map(|(slot, polled)| {
             let received = load(&stats.received);
@@ -638,6 +771,8 @@ fn source_status(source: &ObservedSource) -> SourceStatus {
         }),
         log: LogStatus {
             first_record: source.log.first_seq(),
+            start_lsn: source.log.start_lsn().ok().map(|lsn| lsn.to_string()),
+            segments: source.log.segment_count(),
             next_record: head.next_seq,
             last_lsn: head.last_lsn.to_string(),
             bytes: source.log.size(),

@@ -53,6 +53,7 @@ pub struct Routed {
 }
 
 /// One source's log, as a sink resumes reading it.
+#[derive(Clone)]
 pub struct SourceLog {
     /// The source.
     pub context: Arc<SourceContext>,

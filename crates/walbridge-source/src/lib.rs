@@ -18,6 +18,4 @@ mod state;
 pub mod wire;
 
 pub use config::SourceConfig;
-pub use source::{
-    Downstream, HEARTBEAT_PREFIX, OPERATIONS, Source, SourceError, SourcePhase, SourceStats,
-};
+pub use source::{Downstream, HEARTBEAT_PREFIX, Source, SourceError, SourcePhase, SourceStats};

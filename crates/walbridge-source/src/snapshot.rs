@@ -63,7 +63,11 @@ pub enum SnapshotError {
     Closed,
 }
 
-/// Counters of a running snapshot, for logs and metrics.
+/// The log target of the periodic "copying table" lines, so that a
+/// front end drawing its own progress (bars on a terminal) can leave them out.
+pub const COPY_PROGRESS_TARGET: &str = "walbridge_source::snapshot::progress";
+
+/// Counters of a running snapshot, for logs, metrics and progress bars.
 #[derive(Debug, Default)]
 pub struct SnapshotProgress {
     /// Tables to copy.
@@ -74,35 +78,85 @@ pub struct SnapshotProgress {
     pub rows: AtomicU64,
     /// Bytes of COPY data received.
     pub bytes: AtomicU64,
+    /// Each table of the copy under way (or the last one), as planned.
+    tables: std::sync::Mutex<Vec<Arc<TableProgress>>>,
 }
 
-struct TableJob {
-    relation: Arc<Relation>,
-    table: PublishedTable,
-    /// `(first page, end page)` or the whole table.
-    pages: Option<(u64, u64)>,
-    /// A partitioned table, read with its partitions.
-    partitioned: bool,
-    /// Shared by the table's chunks: rows, bytes, chunks left, start time.
-    tally: Arc<TableTally>,
+impl SnapshotProgress {
+    /// Each table of the copy under way (or the last one), in the order
+    /// they are copied.
+    pub fn tables(&self) -> Vec<Arc<TableProgress>> {
+        self.tables
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
 }
 
-struct TableTally {
+/// How far the copy of one table has come; its chunks share it.
+#[derive(Debug)]
+pub struct TableProgress {
+    /// The table, quoted as in SQL.
+    table: String,
     rows: AtomicU64,
     bytes: AtomicU64,
     chunks_left: AtomicU64,
-    started: Instant,
+    /// When its first chunk started.
+    began: std::sync::OnceLock<Instant>,
     /// The planner's row estimate (`reltuples`), when the table was analyzed.
     estimate: Option<u64>,
-    /// Milliseconds since `started` when progress is next reported.
+    /// Milliseconds since `began` when progress is next reported.
     next_report: AtomicU64,
 }
 
-impl TableTally {
+impl TableProgress {
+    /// The table, quoted as in SQL.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// Rows copied.
+    pub fn rows(&self) -> u64 {
+        self.rows.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of COPY data received.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// The planner's estimate of its rows, when it was analyzed.
+    pub fn estimate(&self) -> Option<u64> {
+        self.estimate
+    }
+
+    /// How long it has been copied; `None` while it waits for a worker.
+    pub fn elapsed(&self) -> Option<std::time::Duration> {
+        self.began.get().map(Instant::elapsed)
+    }
+
+    /// Rows copied per second so far (0 before it began).
+    pub fn rows_per_sec(&self) -> f64 {
+        let secs = self.elapsed().unwrap_or_default().as_secs_f64().max(0.001);
+        self.rows() as f64 / secs
+    }
+
+    /// Seconds left at the rate so far until the planner's estimate: none
+    /// without an estimate or a rate, and none once past the estimate
+    /// (then it was low, and nothing better is known).
+    pub fn seconds_left(&self) -> Option<u64> {
+        eta_seconds(self.rows(), self.estimate, self.rows_per_sec())
+    }
+
+    /// Whether every chunk of it is copied.
+    pub fn done(&self) -> bool {
+        self.chunks_left.load(Ordering::Acquire) == 0
+    }
+
     /// True when it is time to report progress (once per `every`, whichever
     /// of the table's chunks asks first).
     fn report_due(&self, every: std::time::Duration) -> bool {
-        let now = self.started.elapsed().as_millis() as u64;
+        let now = self.elapsed().unwrap_or_default().as_millis() as u64;
         let due = self.next_report.load(Ordering::Relaxed);
         now >= due
             && self
@@ -115,6 +169,17 @@ impl TableTally {
                 )
                 .is_ok()
     }
+}
+
+struct TableJob {
+    relation: Arc<Relation>,
+    table: PublishedTable,
+    /// `(first page, end page)` or the whole table.
+    pages: Option<(u64, u64)>,
+    /// A partitioned table, read with its partitions.
+    partitioned: bool,
+    /// Shared by the table's chunks.
+    tally: Arc<TableProgress>,
 }
 
 /// Copies `tables` as of `snapshot_name` with the source's
@@ -151,6 +216,7 @@ pub async fn copy_tables(
     let planner = &sessions[0];
     let mut types = TypeCatalog::new();
     let mut jobs = VecDeque::new();
+    let mut planned = Vec::new();
     let block_size: i64 = planner
         .query_one("SELECT current_setting('block_size')::int8", &[])
         .await
@@ -188,15 +254,17 @@ pub async fn copy_tables(
         };
         // The last range is open-ended, so rows added to new pages before the snapshot are not missed.
         let last = ranges.len() - 1;
-        let tally = Arc::new(TableTally {
+        let tally = Arc::new(TableProgress {
+            table: table.quoted_name(),
             rows: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             chunks_left: AtomicU64::new(ranges.len() as u64),
-            started: Instant::now(),
+            began: std::sync::OnceLock::new(),
             // -1 (never analyzed) or 0 (empty, or never analyzed before 14): no estimate.
             estimate: (reltuples > 0).then_some(reltuples as u64),
             next_report: AtomicU64::new(config.progress_interval.as_millis() as u64),
         });
+        planned.push(tally.clone());
         for (i, range) in ranges.into_iter().enumerate() {
             let pages = range.map(|(s, e)| if i == last { (s, u64::MAX) } else { (s, e) });
             jobs.push_back(TableJob {
@@ -208,6 +276,7 @@ pub async fn copy_tables(
             });
         }
     }
+    *progress.tables.lock().unwrap_or_else(|p| p.into_inner()) = planned;
     let queue = Mutex::new(jobs);
     let run = sessions.iter().map(|client| async {
         loop {
@@ -229,26 +298,22 @@ pub async fn copy_tables(
 }
 
 /// Logs how far the copy of `table` has come.
-fn report_progress(table: &str, tally: &TableTally) {
-    let secs = tally.started.elapsed().as_secs_f64().max(0.001);
-    let rows = tally.rows.load(Ordering::Relaxed);
-    let bytes = tally.bytes.load(Ordering::Relaxed);
-    let rows_per_sec = rows as f64 / secs;
-    let eta = eta_seconds(rows, tally.estimate, rows_per_sec);
+fn report_progress(table: &str, tally: &TableProgress) {
+    let eta = tally.seconds_left();
     tracing::info!(
+        target: COPY_PROGRESS_TARGET,
         table = %table,
-        rows,
-        bytes,
-        rows_per_sec = rows_per_sec as u64,
+        rows = tally.rows(),
+        bytes = tally.bytes(),
+        rows_per_sec = tally.rows_per_sec() as u64,
         eta_seconds = eta,
         "copying table: {}",
-        progress_text(rows, tally.estimate, eta)
+        progress_text(tally.rows(), tally.estimate, eta)
     );
 }
 
-/// Seconds left at `rows_per_sec` until the planner's estimate of the
-/// table's rows: none without an estimate or a rate, and none once past
-/// the estimate (then it was low, and nothing better is known).
+/// Seconds left at `rows_per_sec` until `estimate` rows (see
+/// [`TableProgress::seconds_left`]).
 fn eta_seconds(rows: u64, estimate: Option<u64>, rows_per_sec: f64) -> Option<u64> {
     let total = estimate?;
     (rows > 0 && rows < total && rows_per_sec > 0.0)
@@ -311,6 +376,7 @@ async fn copy_job(
     progress: &SnapshotProgress,
 ) -> Result<(), SnapshotError> {
     let table = job.table.quoted_name();
+    job.tally.began.get_or_init(Instant::now);
     let sql = copy_query(job);
     let stream = client
         .copy_out(sql.as_str())
@@ -370,7 +436,12 @@ async fn copy_job(
     }
     if job.tally.chunks_left.fetch_sub(1, Ordering::AcqRel) == 1 {
         progress.tables_done.fetch_add(1, Ordering::Relaxed);
-        let secs = job.tally.started.elapsed().as_secs_f64().max(0.001);
+        let secs = job
+            .tally
+            .elapsed()
+            .unwrap_or_default()
+            .as_secs_f64()
+            .max(0.001);
         let rows = job.tally.rows.load(Ordering::Relaxed);
         let bytes = job.tally.bytes.load(Ordering::Relaxed);
         tracing::info!(

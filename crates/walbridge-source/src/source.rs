@@ -137,9 +137,6 @@ impl Drop for StoppedOnDrop<'_> {
     }
 }
 
-/// The operations changes are counted by, in [`SourceStats::changes`] order.
-pub const OPERATIONS: [&str; 4] = ["insert", "update", "delete", "truncate"];
-
 impl SourceStats {
     /// What the source is doing.
     pub fn phase(&self) -> SourcePhase {
@@ -169,21 +166,15 @@ impl SourceStats {
             health.map(|h| (h, std::time::SystemTime::now()));
     }
 
-    /// Changes emitted per operation, in [`OPERATIONS`] order.
+    /// Changes emitted per operation, in [`walbridge_core::OPERATIONS`] order.
     pub fn changes(&self) -> [u64; 4] {
         std::array::from_fn(|i| self.changes[i].load(std::sync::atomic::Ordering::Relaxed))
     }
 
     fn count(&self, change: &walbridge_core::Change) {
-        use walbridge_core::Change;
-        let i = match change {
-            Change::Insert { .. } => 0,
-            Change::Update { .. } => 1,
-            Change::Delete { .. } => 2,
-            Change::Truncate(_) => 3,
-            Change::Message(_) => return,
-        };
-        self.changes[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(i) = change.operation() {
+            self.changes[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 }
 

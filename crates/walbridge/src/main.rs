@@ -5,6 +5,7 @@
 mod check;
 mod drop;
 mod pause;
+mod progress;
 mod run;
 mod skip;
 mod status;
@@ -14,6 +15,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use walbridge_sink::SinkKind;
+
+use crate::progress::Bars;
 
 use walbridge_runtime::report::describe;
 use walbridge_runtime::{Config, data_dir};
@@ -183,24 +186,33 @@ enum LogFormat {
 }
 
 /// Logs to stderr, filtered by `filter` (or RUST_LOG), in `format`; a
-/// filter that does not parse is refused, not replaced.
-fn init_logging(filter: &str, format: LogFormat) -> Result<(), String> {
+/// filter that does not parse is refused, not replaced. With `bars`, lines
+/// are written around them, and the copy's progress lines left to them.
+fn init_logging(filter: &str, format: LogFormat, bars: Option<&Bars>) -> Result<(), String> {
     let (filter, from) = match std::env::var("RUST_LOG") {
         Ok(f) => (f, "RUST_LOG"),
         Err(_) => (filter.to_owned(), "--log"),
     };
-    let filter = tracing_subscriber::EnvFilter::try_new(&filter).map_err(|e| {
+    let mut filter = tracing_subscriber::EnvFilter::try_new(&filter).map_err(|e| {
         format!("{from} = \"{filter}\" is not a log filter ({e}): write e.g. info, debug or walbridge_source=trace")
     })?;
+    if bars.is_some() {
+        let quiet = format!("{}=off", progress::COPY_PROGRESS_TARGET);
+        filter = filter.add_directive(quiet.parse().map_err(|e| format!("{quiet}: {e}"))?);
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false);
-    match format {
-        LogFormat::Text => builder
+    match (format, bars) {
+        (LogFormat::Text, Some(bars)) => builder
+            .with_writer(bars.make_writer())
+            .with_ansi(true)
+            .init(),
+        (LogFormat::Text, None) => builder
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .init(),
-        LogFormat::Json => builder
+        (LogFormat::Json, _) => builder
             .json()
             .flatten_event(true)
             .with_current_span(false)
@@ -250,7 +262,12 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
     let cli = Cli::parse();
-    if let Err(e) = init_logging(&cli.log, cli.log_format) {
+    // Bars only where someone watches the copy: `run`, text, a terminal.
+    let bars = (matches!(cli.command, Command::Run { .. })
+        && matches!(cli.log_format, LogFormat::Text)
+        && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+    .then(Bars::new);
+    if let Err(e) = init_logging(&cli.log, cli.log_format, bars.as_ref()) {
         eprintln!("walbridge: {e}");
         return ExitCode::from(EXIT_CONFIG);
     }
@@ -266,7 +283,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match &cli.command {
-            Command::Run { config } => run::run_pipeline(config).await,
+            Command::Run { config } => run::run_pipeline(config, bars.as_ref()).await,
             Command::Check { config } => check::check(config).await,
             Command::Drop {
                 config,

@@ -158,6 +158,22 @@ fn human(status: &Value) -> String {
             }
         }
         out.push('\n');
+        let tables = source["snapshot"]["tables"]
+            .as_array()
+            .into_iter()
+            .flatten();
+        for table in tables.filter(|t| t["state"] == "copying") {
+            let estimate = match table["estimated_rows"].as_u64() {
+                Some(n) => format!(" of about {n}"),
+                None => String::new(),
+            };
+            out.push_str(&format!(
+                "  copying {}: {} rows{estimate}, {} bytes\n",
+                text(&table["table"]),
+                text(&table["rows"]),
+                text(&table["bytes"]),
+            ));
+        }
     }
     for sink in status["sinks"].as_array().into_iter().flatten() {
         out.push_str(&format!(
