@@ -23,6 +23,24 @@ build_walbridge() {
   bin="${WALBRIDGE_BIN:-$here/target/release/walbridge}"
 }
 
+# Writes $work/wb/config.toml: source `bench` reading publication
+# bench_pub of database `bench`, postgres sink `replica` into database $1
+# of the second server.
+write_pg_sink_config() {
+  mkdir -p "$work/wb"
+  cat > "$work/wb/config.toml" <<CONF
+data_dir = "$work/wb/data"
+[[source]]
+name = "bench"
+connection = "host=127.0.0.1 port=$port dbname=bench user=postgres sslmode=disable"
+publications = ["bench_pub"]
+[[sink]]
+name = "replica"
+type = "postgres"
+connection = "host=127.0.0.1 port=$port2 dbname=$1 user=postgres sslmode=disable"
+CONF
+}
+
 # CPU seconds (user + system) process $1 has used so far.
 cpu_seconds() {
   awk -v tick="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / tick }' "/proc/$1/stat"

@@ -75,18 +75,7 @@ for db in native wb; do
   sub "$db" <<<"$schema" >/dev/null
 done
 
-mkdir -p "$work/wb"
-cat > "$work/wb/config.toml" <<CONF
-data_dir = "$work/wb/data"
-[[source]]
-name = "bench"
-connection = "host=127.0.0.1 port=$port dbname=bench user=postgres sslmode=disable"
-publications = ["bench_pub"]
-[[sink]]
-name = "replica"
-type = "postgres"
-connection = "host=127.0.0.1 port=$port2 dbname=wb user=postgres sslmode=disable"
-CONF
+write_pg_sink_config wb
 copied="EXISTS (SELECT FROM pg_replication_origin_status s JOIN pg_replication_origin o ON o.roident = s.local_id WHERE o.roname = 'walbridge_replica_bench' AND s.remote_lsn > '0/0')"
 start_walbridge() { "$bin" run -c "$work/wb/config.toml" 2>>"$work/wb/stderr.log" & wb_pid=$!; }
 stop_walbridge() { kill -TERM "$wb_pid"; wait "$wb_pid" || true; wb_pid=; }
