@@ -22,7 +22,8 @@ use tokio::task::JoinSet;
 use walbridge_core::{EventBatch, Lsn};
 use walbridge_log::{Appender, Log, LogReader, LogWriter};
 use walbridge_sink::{
-    LogPosition, Routed, Sink, SinkFailure, SourceContext, SourceLog, reads, start_from_cursor,
+    LogPosition, Reading, Routed, Sink, SinkFailure, SourceContext, SourceLog, reads,
+    start_from_cursor,
 };
 use walbridge_source::{Downstream, Source};
 
@@ -598,7 +599,26 @@ async fn run_sink(
         }
     }));
     let mut feeders = Vec::new();
-    for (input, start) in inputs.iter().zip(starts) {
+    let reading = sink.reading();
+    // A sink reading the logs itself is fed nothing: its channel closes
+    // when it is to stop (the logs closing, a pause).
+    let _stopper = (reading == Reading::Itself).then(|| {
+        let queue = tx.clone();
+        let mut closing = closing.clone();
+        let mut abort = abort.subscribe();
+        AbortOnDrop(tokio::spawn(async move {
+            tokio::select! {
+                _ = closing.wait_for(|c| *c) => {}
+                _ = abort.wait_for(|a| *a) => {}
+            }
+            drop(queue);
+        }))
+    });
+    let fed = inputs
+        .iter()
+        .zip(starts)
+        .filter(|_| reading == Reading::Fed);
+    for (input, start) in fed {
         let reader = input
             .log
             .log
@@ -815,4 +835,172 @@ async fn wait_for_signal(shutdown: watch::Sender<bool>) {
 /// The directory holding the sinks' cursors.
 pub fn cursor_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("cursors")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use walbridge_core::LogicalMessage;
+    use walbridge_log::{LogOptions, RecordEncoder};
+    use walbridge_sink::{BoxFuture, CursorPosition, SinkRun, Visibility};
+
+    use super::*;
+
+    fn ok<T, E: std::fmt::Display>(r: Result<T, E>) -> T {
+        r.unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A sink reading its source's log itself with two readers, as a feed
+    /// with two consumers does: one reads all of it, the other one record.
+    struct TwoReaders {
+        /// Events the runtime handed it (there should be none).
+        handed: Arc<AtomicUsize>,
+        /// Records the faster reader read.
+        read: Arc<AtomicUsize>,
+    }
+
+    struct TwoReadersRun {
+        logs: Vec<SourceLog>,
+        handed: Arc<AtomicUsize>,
+        read: Arc<AtomicUsize>,
+    }
+
+    impl Sink for TwoReaders {
+        fn stored_cursor(&self, _source: &str) -> Option<CursorPosition> {
+            None
+        }
+
+        fn visibility(&self) -> walbridge_log::Visibility {
+            Visibility::CompleteUnits
+        }
+
+        fn reading(&self) -> Reading {
+            Reading::Itself
+        }
+
+        fn start(&self) -> Result<Box<dyn SinkRun>, SinkFailure> {
+            Ok(Box::new(TwoReadersRun {
+                logs: Vec::new(),
+                handed: self.handed.clone(),
+                read: self.read.clone(),
+            }))
+        }
+    }
+
+    impl SinkRun for TwoReadersRun {
+        fn resume<'a>(
+            &'a mut self,
+            logs: &'a [SourceLog],
+        ) -> BoxFuture<'a, Result<Vec<u64>, SinkFailure>> {
+            self.logs = logs.to_vec();
+            Box::pin(async move { Ok(logs.iter().map(|l| l.log.first_seq()).collect()) })
+        }
+
+        fn run(
+            self: Box<Self>,
+            mut events: mpsc::Receiver<Routed>,
+        ) -> BoxFuture<'static, Result<(), SinkFailure>> {
+            Box::pin(async move {
+                let source = &self.logs[0];
+                let first = source.log.first_seq();
+                let mut fast = source.log.reader(first).map_err(SinkFailure::transient)?;
+                let mut slow = source.log.reader(first).map_err(SinkFailure::transient)?;
+                while fast.try_next().map_err(SinkFailure::transient)?.is_some() {
+                    self.read.fetch_add(1, Ordering::Relaxed);
+                }
+                let Some(record) = slow.try_next().map_err(SinkFailure::transient)? else {
+                    return Err(SinkFailure::permanent("the log is empty"));
+                };
+                // The slower reader has what it read: that is the cursor.
+                source.context.acked.send_replace(LogPosition {
+                    next: record.seq + 1,
+                    lsn: record.lsn,
+                });
+                while let Some(routed) = events.recv().await {
+                    self.handed
+                        .fetch_add(routed.events.len(), Ordering::Relaxed);
+                }
+                Ok(())
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_sink_reading_the_logs_itself_is_fed_nothing_and_acknowledges_for_its_slowest_reader()
+    {
+        let dir = ok(tempfile::tempdir());
+        let (log, writer, _) = ok(Log::open(dir.path(), LogOptions::default()));
+        for i in 1..=3 {
+            let message = LogicalMessage {
+                lsn: Lsn(i * 10),
+                transactional: false,
+                prefix: format!("m{i}"),
+                content: Default::default(),
+            };
+            let record = RecordEncoder::default().message(&message);
+            ok(writer.append(record, Lsn(i * 10), true).await);
+        }
+        // Readable once durable.
+        let mut head = log.subscribe();
+        ok(tokio::time::timeout(Duration::from_secs(10), head.wait_for(|h| h.next_seq >= 3)).await)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let first = log.first_seq();
+        let (acked, mut acks) = watch::channel(LogPosition {
+            next: first,
+            lsn: Lsn::ZERO,
+        });
+        let inputs = [Input {
+            log: SourceLog {
+                context: Arc::new(SourceContext {
+                    name: "src".into(),
+                    database: "db".into(),
+                    log_id: log.id().to_owned(),
+                    acked,
+                }),
+                log: log.clone(),
+            },
+            events: Arc::default(),
+        }];
+        let sink = TwoReaders {
+            handed: Arc::default(),
+            read: Arc::default(),
+        };
+        let (closing_tx, closing) = watch::channel(false);
+        let (_paused_tx, paused) = watch::channel(false);
+        let health = Arc::new(SinkHealth::default());
+        let run = ok(sink.start());
+        let running = run_sink(
+            run,
+            &sink,
+            "feed",
+            &inputs,
+            &health,
+            Watches { closing, paused },
+            Duration::from_secs(5),
+        );
+        let acknowledged = async {
+            let waited =
+                tokio::time::timeout(Duration::from_secs(10), acks.wait_for(|p| p.next > first));
+            let position = waited.await.ok().and_then(|p| p.ok().map(|p| *p));
+            closing_tx.send_replace(true);
+            position
+        };
+        let (result, position) = tokio::time::timeout(Duration::from_secs(20), async {
+            tokio::join!(running, acknowledged)
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the sink did not stop when the logs closed"));
+        assert!(result.is_ok(), "the run failed");
+        assert_eq!(
+            position,
+            Some(LogPosition {
+                next: first + 1,
+                lsn: Lsn(10)
+            })
+        );
+        assert_eq!(sink.read.load(Ordering::Relaxed), 3);
+        assert_eq!(sink.handed.load(Ordering::Relaxed), 0);
+        assert_eq!(inputs[0].events.get(), [0; 5]);
+    }
 }

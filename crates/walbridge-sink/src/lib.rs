@@ -8,7 +8,9 @@
 //! runtime registers those cursors with the logs (so retention keeps what
 //! the sink still needs), then runs the sink in attempts
 //! ([`Sink::start`]): each [`SinkRun`] says where to read each source's
-//! log ([`SinkRun::resume`]), is fed [`Routed`] batches from there, and
+//! log ([`SinkRun::resume`]), is fed [`Routed`] batches from there (or,
+//! [`Reading::Itself`], reads the logs with as many readers as it needs,
+//! as a feed serving many consumers does), and
 //! acknowledges [`LogPosition`]s through each source's [`SourceContext`]
 //! once what precedes them is durable at the destination and the sink's
 //! cursor is stored. A failed attempt is retried from the stored cursor
@@ -184,9 +186,32 @@ pub trait Sink: Send + Sync {
         false
     }
 
+    /// How it gets its sources' records: fed by the runtime (most sinks),
+    /// or read from the logs itself.
+    fn reading(&self) -> Reading {
+        Reading::Fed
+    }
+
     /// A new attempt: the first, and one after each failure. May block
     /// (a FIFO waits for its reader); the runtime calls it off its threads.
     fn start(&self) -> Result<Box<dyn SinkRun>, SinkFailure>;
+}
+
+/// How a sink gets the records of its sources' logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    /// The runtime reads each log from where [`SinkRun::resume`] says and
+    /// hands the records to [`SinkRun::run`] as [`Routed`] batches.
+    Fed,
+    /// The sink reads the logs itself, from the [`SourceLog`]s
+    /// [`SinkRun::resume`] is given, with as many readers as it needs (a
+    /// feed serving many consumers, each at its own place). It acknowledges
+    /// through each source's [`SourceContext`] the lowest position any of
+    /// its readers still needs: that is its cursor, which keeps the log's
+    /// retention from removing what one of them has not read. `run`'s
+    /// channel carries nothing and closes when the sink is to stop; what
+    /// `resume` returns is not used.
+    Itself,
 }
 
 /// One attempt of a sink.
