@@ -2,7 +2,8 @@
 //!
 //! * `/metrics`: Prometheus text (`walbridge_` metrics, set from the
 //!   pipeline's live state at each scrape, and the process's own);
-//! * `/healthz`: 200 while the runtime answers (a liveness probe);
+//! * `/healthz`: 200 while the runtime answers and the pipeline's state
+//!   can be read within 5 s (a liveness probe), else 503 with why;
 //! * `/readyz`: 200 when every source copies or streams and every sink
 //!   runs, else 503 with why, a line each (a readiness probe);
 //! * `/status`: everything, as JSON;
@@ -316,8 +317,14 @@ async fn page(State(admin): State<Arc<Admin>>) -> Html<String> {
     Html(crate::page::render(&admin.observed, &admin.history))
 }
 
-async fn healthz() -> &'static str {
-    "ok\n"
+/// How long `/healthz` waits for the pipeline's state.
+const LIVENESS_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
+async fn healthz(State(admin): State<Arc<Admin>>) -> Response {
+    match admin.observed.alive(LIVENESS_DEADLINE).await {
+        Ok(()) => (StatusCode::OK, "ok\n".to_owned()).into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
+    }
 }
 
 async fn readyz(State(admin): State<Arc<Admin>>) -> Response {

@@ -408,6 +408,27 @@ impl ObservedInput {
 }
 
 impl Observed {
+    /// Whether the pipeline answers, for `/healthz`: its state read (the
+    /// sinks' health, the logs' state: locks the stages take as they
+    /// work) on the blocking pool (where sinks start) within `deadline`.
+    /// Nothing is read from disk, so a slow disk does not count as dead.
+    pub async fn alive(self: &Arc<Self>, deadline: std::time::Duration) -> Result<(), String> {
+        let observed = self.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let _ = observed.unready();
+            for source in &observed.sources {
+                let _ = (source.log.first_seq(), source.log.segment_count());
+            }
+        });
+        match tokio::time::timeout(deadline, read).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(format!("reading the pipeline's state failed: {e}")),
+            Err(_) => Err(format!(
+                "the pipeline's state could not be read within {deadline:?} (a stage holds it and does not go on, or the blocking pool is exhausted): restart walbridge and report its log"
+            )),
+        }
+    }
+
     /// Why the pipeline is not ready, a line each: a source that is not
     /// copying or streaming, a sink that is neither running nor paused (a
     /// pause is asked for). Empty when ready.
@@ -777,5 +798,47 @@ fn source_status(source: &ObservedSource) -> SourceStatus {
             last_lsn: head.last_lsn.to_string(),
             bytes: source.log.size(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn it_is_alive_while_its_state_can_be_read_and_not_when_a_stage_holds_it() {
+        let health = Arc::new(SinkHealth::default());
+        let observed = Arc::new(Observed {
+            sources: Vec::new(),
+            sinks: vec![ObservedSink {
+                name: "replica".into(),
+                units: vec![health.clone()],
+                inputs: Vec::new(),
+            }],
+        });
+        let deadline = std::time::Duration::from_millis(300);
+        assert_eq!(observed.alive(deadline).await, Ok(()));
+        // A stage that took the sink's health and does not let go.
+        let (taken_tx, taken) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let stage = {
+            let health = health.clone();
+            std::thread::spawn(move || {
+                let _held = health.last_error.lock().unwrap_or_else(|p| p.into_inner());
+                let _ = taken_tx.send(());
+                let _ = released.recv();
+            })
+        };
+        let _ = taken.recv();
+        let said = observed.alive(deadline).await;
+        assert!(
+            said.as_ref()
+                .is_err_and(|e| e.contains("could not be read within 300ms")),
+            "{said:?}"
+        );
+        let _ = release.send(());
+        let _ = stage.join();
+        // The blocked reader finishes; the next probe answers again.
+        assert_eq!(observed.alive(deadline).await, Ok(()));
     }
 }
