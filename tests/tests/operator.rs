@@ -420,15 +420,23 @@ fn drawn_pieces(transcript: &str) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn on_a_terminal_the_copy_draws_progress_bars_and_log_lines_pass_between_them() {
+/// Copies `rows` rows of `t` into a paused jsonl sink writing to a file,
+/// or to standard output (`to_stdout`), with `progress_interval = "1ms"`
+/// (off a terminal that logs many progress lines), with walbridge in a
+/// pseudo-terminal; returns what it drew there, from its start to a clean
+/// stop after the copy.
+fn copy_in_a_terminal(rows: u32, to_stdout: bool) -> String {
     let pg = Cluster::start();
     publish(&pg);
-    pg.psql("INSERT INTO t SELECT g, 'row ' || g FROM generate_series(1, 1000000) g; ANALYZE t");
+    pg.psql(&format!(
+        "INSERT INTO t SELECT g, 'row ' || g FROM generate_series(1, {rows}) g; ANALYZE t"
+    ));
     let wb = Deployment::new();
     wb.configure(&pg, "postgres", "pub", "");
-    let config = std::fs::read_to_string(wb.config_path()).unwrap_or_default();
-    // As often as it can: off a terminal this would log many progress lines.
+    let mut config = std::fs::read_to_string(wb.config_path()).unwrap_or_default();
+    if to_stdout {
+        config = config.replace(&wb.output_path().display().to_string(), "-");
+    }
     wb.write_config(&format!("progress_interval = \"1ms\"\n{config}"));
     // The sink waits: what is drawn is the copy into the log alone.
     let out = wb.command(&["pause", "--sink", "out"]);
@@ -467,7 +475,12 @@ fn on_a_terminal_the_copy_draws_progress_bars_and_log_lines_pass_between_them() 
         read(),
         wb.log()
     );
-    let shown = read();
+    read()
+}
+
+#[test]
+fn on_a_terminal_the_copy_draws_progress_bars_and_log_lines_pass_between_them() {
+    let shown = copy_in_a_terminal(1_000_000, false);
     let pieces = drawn_pieces(&shown);
     let all = || pieces.join("\n");
     // The table's bar, against the planner's estimate, and the source's line.
@@ -512,6 +525,26 @@ fn on_a_terminal_the_copy_draws_progress_bars_and_log_lines_pass_between_them() 
             .chars()
             .skip(shown.chars().count().saturating_sub(300))
             .collect::<String>()
+    );
+}
+
+#[test]
+fn a_sink_writing_to_the_terminal_keeps_the_bars_off_it() {
+    // The jsonl sink writes to standard output, the same terminal: bars
+    // would be drawn through its lines, so the copy logs lines instead.
+    let shown = copy_in_a_terminal(100_000, true);
+    let pieces = drawn_pieces(&shown);
+    assert!(
+        pieces.iter().any(|p| p.contains(" INFO copying table: ")),
+        "{}",
+        pieces.join("\n")
+    );
+    assert!(
+        !pieces
+            .iter()
+            .any(|p| p.starts_with("source src: ") || p.contains("\"public\".\"t\" [")),
+        "{}",
+        pieces.join("\n")
     );
 }
 

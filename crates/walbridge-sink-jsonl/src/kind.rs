@@ -57,6 +57,10 @@ impl SinkConfig for JsonlSinkConfig {
         })
     }
 
+    fn writes_to_stdout(&self) -> bool {
+        self.path == "-"
+    }
+
     fn preflight(&self) -> Result<(), SinkFailure> {
         health_check(self).map(drop).map_err(SinkFailure::permanent)
     }

@@ -80,6 +80,12 @@ pub trait SinkConfig: Send + Sync + std::fmt::Debug {
     /// destination without changing it.
     fn check<'a>(&'a self, scope: &'a CheckScope<'a>) -> BoxFuture<'a, Health>;
 
+    /// True when it writes to standard output: where that is a terminal,
+    /// `run` draws no progress bars there, not to draw through its lines.
+    fn writes_to_stdout(&self) -> bool {
+        false
+    }
+
     /// What `run` refuses to start without, found on this machine (a
     /// directory that does not exist): checked before anything streams.
     fn preflight(&self) -> Result<(), SinkFailure> {

@@ -244,6 +244,21 @@ fn lock(config: &Config) -> Result<data_dir::DataDirLock, Failure> {
     })
 }
 
+/// Progress bars for `run` with `config`, only where someone watches the
+/// copy: text logs on a terminal, and no sink writing its lines to that
+/// terminal. (A configuration that does not load gets none: `run` says
+/// what is wrong with it.)
+fn bars_for(config: &std::path::Path, format: LogFormat) -> Option<Bars> {
+    use std::io::IsTerminal;
+    if !matches!(format, LogFormat::Text) || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let config = load(config).ok()?;
+    let crowded =
+        std::io::stdout().is_terminal() && config.sinks.iter().any(|s| s.writes_to_stdout());
+    (!crowded).then(Bars::new)
+}
+
 /// Reads the configuration file (exit status 2 when it is wrong).
 fn load(path: &std::path::Path) -> Result<Config, Failure> {
     Config::load(path, SINK_KINDS).map_err(|error| Failure {
@@ -262,11 +277,10 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
     let cli = Cli::parse();
-    // Bars only where someone watches the copy: `run`, text, a terminal.
-    let bars = (matches!(cli.command, Command::Run { .. })
-        && matches!(cli.log_format, LogFormat::Text)
-        && std::io::IsTerminal::is_terminal(&std::io::stderr()))
-    .then(Bars::new);
+    let bars = match &cli.command {
+        Command::Run { config } => bars_for(config, cli.log_format),
+        _ => None,
+    };
     if let Err(e) = init_logging(&cli.log, cli.log_format, bars.as_ref()) {
         eprintln!("walbridge: {e}");
         return ExitCode::from(EXIT_CONFIG);
