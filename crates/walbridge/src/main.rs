@@ -14,12 +14,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use walbridge_runtime::report::describe;
+use walbridge_runtime::{Config, data_dir};
 use walbridge_sink::SinkKind;
 
 use crate::progress::Bars;
-
-use walbridge_runtime::report::describe;
-use walbridge_runtime::{Config, data_dir};
 
 /// Every sink kind, by its `type`: a new sink is a crate and a line here.
 pub static SINK_KINDS: &[&dyn SinkKind] = &[

@@ -6,8 +6,8 @@
 //! screen while a line is written and draws them again under it, so lines
 //! and bars never overwrite each other. The periodic "copying table" lines
 //! are left out then ([`COPY_PROGRESS_TARGET`]): the bars say the same.
-//! Elsewhere (a file, a pipe, JSON logs) nothing here runs and those lines
-//! are written as usual.
+//! Elsewhere (a file, a pipe, JSON logs, or a terminal a sink writes its
+//! own lines to) nothing here runs and those lines are written as usual.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -24,7 +24,6 @@ pub use walbridge_source::snapshot::COPY_PROGRESS_TARGET;
 const REDRAW: Duration = Duration::from_millis(100);
 
 /// The bars of one terminal (stderr).
-#[derive(Clone)]
 pub struct Bars {
     multi: MultiProgress,
 }
