@@ -321,7 +321,7 @@ pub struct LogStatus {
     pub first_record: u64,
     /// The position just before the oldest record kept (`0/0` while the
     /// log holds its beginning); `None` when it cannot be read.
-    pub start_lsn: Option<String>,
+    pub start_lsn: Option<walbridge_core::Lsn>,
     /// Segment files on disk.
     pub segments: usize,
     /// The record the next append gets.
@@ -681,9 +681,7 @@ impl Observed {
             }
             gauge!("walbridge_log_segments", "source" => name.clone())
                 .set(status.log.segments as f64);
-            if let Some(start) = (status.log.start_lsn.as_deref())
-                .and_then(|lsn| lsn.parse::<walbridge_core::Lsn>().ok())
-            {
+            if let Some(start) = status.log.start_lsn {
                 gauge!("walbridge_log_start_lsn", "source" => name.clone()).set(start.0 as f64);
             }
             gauge!("walbridge_log_first_record", "source" => name.clone())
@@ -792,7 +790,7 @@ fn source_status(source: &ObservedSource) -> SourceStatus {
         }),
         log: LogStatus {
             first_record: source.log.first_seq(),
-            start_lsn: source.log.start_lsn().ok().map(|lsn| lsn.to_string()),
+            start_lsn: source.log.start_lsn().ok(),
             segments: source.log.segment_count(),
             next_record: head.next_seq,
             last_lsn: head.last_lsn.to_string(),

@@ -183,6 +183,39 @@ fn describe_metrics() {
     );
 }
 
+/// The sink's counters for one source, registered once per applier so the
+/// apply path only adds to them.
+struct Counters {
+    transactions: metrics::Counter,
+    changes: metrics::Counter,
+    missing_updates: metrics::Counter,
+    missing_deletes: metrics::Counter,
+    conflicts_skipped: metrics::Counter,
+}
+
+impl Counters {
+    /// Registered at 0, so the series exist from the start (an alert on
+    /// their increase needs one).
+    fn new(sink: &str, source: &str) -> Self {
+        let labels = [("sink", sink.to_owned()), ("source", source.to_owned())];
+        let missing = |operation: &str| {
+            let mut labels = labels.to_vec();
+            labels.push(("operation", operation.to_owned()));
+            metrics::counter!("walbridge_postgres_missing_rows_total", &labels)
+        };
+        Counters {
+            transactions: metrics::counter!("walbridge_postgres_transactions_total", &labels),
+            changes: metrics::counter!("walbridge_postgres_changes_total", &labels),
+            missing_updates: missing("update"),
+            missing_deletes: missing("delete"),
+            conflicts_skipped: metrics::counter!(
+                "walbridge_postgres_conflicts_skipped_total",
+                &labels
+            ),
+        }
+    }
+}
+
 fn simple(client: &Arc<Client>, sql: String) -> impl Future<Output = Outcome> + Send + 'static {
     let client = client.clone();
     async move {
@@ -250,6 +283,7 @@ pub struct Applier {
     /// Changes that found nothing to change, since the last COMMIT's result.
     misses: Misses,
     totals: Totals,
+    counters: Counters,
     last_log: Instant,
 }
 
@@ -278,6 +312,7 @@ impl Applier {
         let mapper = Mapper::new(&parts.config, &parts.source.name).map_err(SinkError::Mapping)?;
         let isolate = parts.state.stopped_on(&parts.source.name);
         let one_by_one_until = parts.state.one_by_one_until(&parts.source.name);
+        let counters = Counters::new(&parts.sink, &parts.source.name);
         Ok(Applier {
             inflight: InFlight::new(parts.config.pipeline_depth),
             sink: parts.sink,
@@ -303,6 +338,7 @@ impl Applier {
             commits_in_flight: 0,
             misses: Misses::default(),
             totals: Totals::default(),
+            counters,
             last_log: Instant::now(),
         })
     }
@@ -615,22 +651,12 @@ impl Applier {
         self.totals.transactions += committed.transactions;
         self.totals.changes += committed.changes as u64;
         let misses = std::mem::take(&mut self.misses);
-        let labels = [
-            ("sink", self.sink.to_string()),
-            ("source", self.source.name.clone()),
-        ];
-        metrics::counter!("walbridge_postgres_transactions_total", &labels)
-            .increment(committed.transactions);
-        metrics::counter!("walbridge_postgres_changes_total", &labels)
-            .increment(committed.changes as u64);
-        // Added even when 0, so the series exist from the first commit on
-        // (an alert on their increase needs a start).
-        for (operation, n) in [("update", misses.updates), ("delete", misses.deletes)] {
-            let mut labels = labels.to_vec();
-            labels.push(("operation", operation.to_owned()));
-            metrics::counter!("walbridge_postgres_missing_rows_total", &labels).increment(n);
-        }
-        metrics::counter!("walbridge_postgres_conflicts_skipped_total", &labels)
+        self.counters.transactions.increment(committed.transactions);
+        self.counters.changes.increment(committed.changes as u64);
+        self.counters.missing_updates.increment(misses.updates);
+        self.counters.missing_deletes.increment(misses.deletes);
+        self.counters
+            .conflicts_skipped
             .increment(misses.skipped_conflicts);
         self.totals.update_missing += misses.updates;
         self.totals.delete_missing += misses.deletes;
