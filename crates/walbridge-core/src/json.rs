@@ -189,15 +189,18 @@ fn iso_timestamp(text: &str, with_zone: bool) -> String {
 
 /// A parsed PostgreSQL array literal.
 #[derive(Debug, PartialEq)]
-enum ArrayNode {
+pub enum ArrayNode {
+    /// A NULL element.
     Null,
+    /// An element's text form, unquoted and unescaped.
     Element(String),
+    /// A (sub)array.
     Nested(Vec<ArrayNode>),
 }
 
 /// Parses the text form of an array (`{1,2,NULL}`, `{{"a b","c\"d"}}`,
 /// `[0:1]={1,2}`). Returns `None` for malformed input.
-fn parse_array(text: &str, delimiter: u8) -> Option<ArrayNode> {
+pub fn parse_array(text: &str, delimiter: u8) -> Option<ArrayNode> {
     let text = match text.strip_prefix('[') {
         Some(_) => &text[text.find('=')? + 1..],
         None => text,

@@ -18,6 +18,7 @@ pub mod json;
 mod lsn;
 mod relation;
 pub mod template;
+pub mod temporal;
 mod time;
 mod types;
 mod units;

@@ -88,6 +88,15 @@ impl CursorFile {
         std::fs::rename(&tmp, &self.path).map_err(LogError::io("rename", &tmp))?;
         crate::log::sync_dir(dir)
     }
+
+    /// Removes the stored cursor, durably; nothing to do when none is stored.
+    pub fn remove(&self) -> Result<(), LogError> {
+        match std::fs::remove_file(&self.path) {
+            Ok(()) => crate::log::sync_dir(self.path.parent().unwrap_or(Path::new("."))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(LogError::io("remove", &self.path)(e)),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -69,7 +69,8 @@ pub enum LogError {
 }
 
 impl LogError {
-    pub(crate) fn io(
+    /// An I/O failure of `action` on `path`, for `map_err`.
+    pub fn io(
         action: &'static str,
         path: impl Into<PathBuf>,
     ) -> impl FnOnce(std::io::Error) -> Self {

@@ -261,19 +261,54 @@ impl Log {
     /// log still holds its beginning): a consumer that has processed less
     /// than this has missed records that were removed.
     pub fn start_lsn(&self) -> Result<Lsn, LogError> {
+        self.segment_start(State::first_seq).map(|(_, lsn)| lsn)
+    }
+
+    /// The first record of the oldest segment last written to within
+    /// `age` (the segment being written always is), and the LSN just
+    /// before it: where a consumer whose records are kept for at most
+    /// `age` is held back to.
+    pub fn written_within(&self, age: Duration) -> Result<(u64, Lsn), LogError> {
+        let since = SystemTime::now().checked_sub(age);
+        self.segment_start(|state| {
+            let newest = state.segments.keys().next_back().copied().unwrap_or(0);
+            since
+                .and_then(|since| {
+                    state
+                        .segments
+                        .iter()
+                        .find(|(_, s)| s.modified >= since)
+                        .map(|(&base, _)| base)
+                })
+                .unwrap_or(if since.is_some() {
+                    newest
+                } else {
+                    state.first_seq()
+                })
+        })
+    }
+
+    /// The segment `pick` chooses (by its base), and the LSN just before
+    /// its first record, from its header.
+    fn segment_start(&self, pick: impl Fn(&State) -> u64) -> Result<(u64, Lsn), LogError> {
         use std::io::Read;
         loop {
-            let first = self.first_seq();
-            let path = segment_path(&self.shared.dir, first);
+            let (base, first) = {
+                let state = self.shared.state();
+                (pick(&state), state.first_seq())
+            };
+            let path = segment_path(&self.shared.dir, base);
             let mut header = [0u8; SEGMENT_HEADER_LEN as usize];
             match File::open(&path).and_then(|mut f| f.read_exact(&mut header)) {
                 Ok(()) => {
-                    return segment::check_header(&header).map_err(|_| LogError::Segment {
-                        path,
-                        problem: "bad segment header".into(),
-                    });
+                    return segment::check_header(&header)
+                        .map(|lsn| (base, lsn))
+                        .map_err(|_| LogError::Segment {
+                            path,
+                            problem: "bad segment header".into(),
+                        });
                 }
-                // Retention removed it meanwhile: look at the new oldest one.
+                // Retention removed it meanwhile: look again.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && self.first_seq() != first => {
                 }
                 Err(e) => return Err(LogError::io("read", &path)(e)),

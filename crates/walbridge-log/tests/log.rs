@@ -503,3 +503,34 @@ async fn an_unfinished_unit_is_seen_only_by_readers_that_ask_for_it_and_gone_aft
     assert_eq!(next, Some((3, false)));
     ok(writer.close().await);
 }
+
+#[tokio::test]
+async fn written_within_finds_the_oldest_segment_written_to_recently() {
+    let dir = ok(tempfile::tempdir());
+    let (log, writer, _) = ok(Log::open(dir.path(), small_segments()));
+    log.register_cursor("a", 0);
+    append_all(&writer, 0..150).await;
+    wait_for_head(&log, 150).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    append_all(&writer, 150..300).await;
+    wait_for_head(&log, 300).await;
+
+    let (base, lsn) = ok(log.written_within(Duration::from_secs(3600)));
+    assert_eq!(
+        (base, lsn),
+        (0, ok(log.start_lsn())),
+        "everything is recent"
+    );
+
+    let (base, lsn) = ok(log.written_within(Duration::from_millis(300)));
+    assert!(
+        base > 0 && base <= 150,
+        "the segment the second batch began in starts at or before 150, after 0: {base}"
+    );
+    assert!(
+        lsn < Lsn(base * 10 + 5) && lsn >= Lsn((base - 1) * 10 + 5),
+        "the LSN just before record {base}: {lsn}"
+    );
+    assert_eq!(read_all(&log, base).first().map(|r| r.0), Some(base));
+    ok(writer.close().await);
+}

@@ -25,6 +25,7 @@ pub static SINK_KINDS: &[&dyn SinkKind] = &[
     &walbridge_sink_postgres::KIND,
     &walbridge_sink_kafka::KIND,
     &walbridge_sink_jsonl::KIND,
+    &walbridge_sink_grpc::KIND,
 ];
 
 /// Exit status for a configuration or usage error.

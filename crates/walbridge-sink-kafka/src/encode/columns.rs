@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use walbridge_core::json::{bytea_from_text, datum_to_json};
+use walbridge_core::temporal;
 use walbridge_core::{Datum, Relation, ValueKind};
 
-use super::temporal;
 use crate::config::{SchemaRegistryConfig, SubjectNameStrategy};
 use crate::error::SinkError;
 use crate::event::{KeyColumns, RowImage, table_name};

@@ -6,7 +6,6 @@ mod columns;
 mod fixtures;
 pub mod json;
 pub mod protobuf;
-mod temporal;
 
 use walbridge_core::{LogicalMessage, Relation, Row};
 

@@ -1,7 +1,8 @@
 //! Dates and times from PostgreSQL's text output (`DateStyle = ISO`) or
-//! the ISO 8601 forms [`walbridge_core::json`] writes, as the numbers Avro's
-//! logical types hold. `infinity` and `-infinity` become the largest and
-//! smallest representable values.
+//! the ISO 8601 forms [`crate::json`] writes, as numbers since the Unix
+//! epoch (what Avro's logical types and protobuf timestamps hold).
+//! `infinity` and `-infinity` become the largest and smallest
+//! representable values.
 
 /// Microseconds per day.
 const DAY_MICROS: i64 = 86_400_000_000;

@@ -1,0 +1,208 @@
+//! The gRPC sink under the sink contract: it reads the logs itself, one
+//! reader per session, and serves the feed while it runs.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+use walbridge_sink::{
+    BoxFuture, CheckScope, ConfigContext, CursorPosition, Health, Reading, Routed, Sink,
+    SinkConfig, SinkFailure, SinkKind, SinkRun, SourceLog, Visibility,
+};
+
+use crate::GrpcSinkConfig;
+use crate::consumers::Consumers;
+use crate::pb;
+use crate::server::{Feed, FeedService};
+
+/// `type = "grpc"`.
+pub static KIND: Grpc = Grpc;
+
+/// The gRPC sink kind.
+pub struct Grpc;
+
+impl SinkKind for Grpc {
+    fn kind(&self) -> &'static str {
+        "grpc"
+    }
+
+    fn configure(
+        &self,
+        table: toml::Table,
+        _: &ConfigContext,
+    ) -> Result<Arc<dyn SinkConfig>, String> {
+        let config: GrpcSinkConfig = table.try_into().map_err(|e| e.to_string())?;
+        Ok(Arc::new(config))
+    }
+}
+
+/// Where sink `name` keeps its durable consumers.
+fn consumers_dir(cursor_dir: &Path, name: &str) -> PathBuf {
+    cursor_dir.join(format!("{name}.consumers"))
+}
+
+impl SinkConfig for GrpcSinkConfig {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn sources(&self) -> Option<&[String]> {
+        self.sources.as_deref()
+    }
+
+    fn validate(&self) -> Vec<String> {
+        self.problems()
+    }
+
+    fn check<'a>(&'a self, _: &'a CheckScope<'a>) -> BoxFuture<'a, Health> {
+        Box::pin(async move {
+            match self.listen_address() {
+                Ok(address) => Health {
+                    ready: vec![format!(
+                        "sink `{}`: the change feed will listen on {address}",
+                        self.name
+                    )],
+                    problems: Vec::new(),
+                },
+                Err(e) => Health::failed(e),
+            }
+        })
+    }
+
+    fn open(&self, cursor_dir: &Path) -> Result<Arc<dyn Sink>, SinkFailure> {
+        let consumers = Consumers::load(&consumers_dir(cursor_dir, &self.name))
+            .map_err(SinkFailure::permanent)?;
+        Ok(Arc::new(GrpcSink {
+            config: self.clone(),
+            consumers: Arc::new(consumers),
+        }))
+    }
+}
+
+/// The sink opened: its durable consumers loaded.
+struct GrpcSink {
+    config: GrpcSinkConfig,
+    consumers: Arc<Consumers>,
+}
+
+impl Sink for GrpcSink {
+    /// The position of the durable consumer furthest behind in `source`.
+    fn stored_cursor(&self, source: &str) -> Option<CursorPosition> {
+        self.consumers
+            .list()
+            .into_values()
+            .flat_map(|c| c.positions)
+            .filter(|p| p.source == source)
+            .min_by_key(|p| p.next)
+            .map(|p| CursorPosition {
+                log: p.log,
+                next: p.next,
+            })
+    }
+
+    fn visibility(&self) -> Visibility {
+        Visibility::CompleteUnits
+    }
+
+    fn reading(&self) -> Reading {
+        Reading::Itself
+    }
+
+    fn start(&self) -> Result<Box<dyn SinkRun>, SinkFailure> {
+        Ok(Box::new(GrpcRun {
+            config: self.config.clone(),
+            consumers: self.consumers.clone(),
+            logs: Vec::new(),
+        }))
+    }
+}
+
+/// One attempt: the feed served until the sink is to stop.
+struct GrpcRun {
+    config: GrpcSinkConfig,
+    consumers: Arc<Consumers>,
+    logs: Vec<SourceLog>,
+}
+
+impl SinkRun for GrpcRun {
+    fn resume<'a>(
+        &'a mut self,
+        logs: &'a [SourceLog],
+    ) -> BoxFuture<'a, Result<Vec<u64>, SinkFailure>> {
+        self.logs = logs.to_vec();
+        Box::pin(async move { Ok(logs.iter().map(|l| l.log.first_seq()).collect()) })
+    }
+
+    fn run(
+        self: Box<Self>,
+        mut events: mpsc::Receiver<Routed>,
+    ) -> BoxFuture<'static, Result<(), SinkFailure>> {
+        Box::pin(async move {
+            let GrpcRun {
+                config,
+                consumers,
+                logs,
+            } = *self;
+            let address = config.listen_address().map_err(SinkFailure::permanent)?;
+            let (stop, stopping) = watch::channel(false);
+            let feed = Arc::new(Feed::new(
+                config.name.clone(),
+                logs,
+                consumers,
+                config.retention.0,
+                stopping,
+            ));
+            let settled = feed.clone();
+            let declared = config.consumers.clone();
+            tokio::task::spawn_blocking(move || settled.settle_consumers(&declared))
+                .await
+                .map_err(|e| SinkFailure::transient(format!("the sink's task failed: {e}")))?
+                .map_err(SinkFailure::transient)?;
+            let listener = tokio::net::TcpListener::bind(address).await.map_err(|e| {
+                SinkFailure::transient(format!(
+                    "sink `{}`: cannot listen on {address}: {e} (another process on the port? change `listen`)",
+                    config.name
+                ))
+            })?;
+            tracing::info!(sink = %config.name, "change feed listening on {address}");
+            let holding = tokio::spawn(feed.clone().hold());
+
+            let (health, health_service) = tonic_health::server::health_reporter();
+            health
+                .set_serving::<pb::change_feed_server::ChangeFeedServer<FeedService>>()
+                .await;
+            let reflection = tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(pb::DESCRIPTORS)
+                .build_v1()
+                .map_err(|e| SinkFailure::permanent(format!("the feed's descriptors: {e}")))?;
+            let service =
+                pb::change_feed_server::ChangeFeedServer::new(FeedService { feed: feed.clone() });
+            // The runtime closes the channel when the sink is to stop.
+            let closed = async move {
+                while events.recv().await.is_some() {}
+                health
+                    .set_not_serving::<pb::change_feed_server::ChangeFeedServer<FeedService>>()
+                    .await;
+                stop.send_replace(true);
+            };
+            let served = tonic::transport::Server::builder()
+                .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+                .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
+                .add_service(health_service)
+                .add_service(reflection)
+                .add_service(service)
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    closed,
+                )
+                .await;
+            holding.abort();
+            served.map_err(|e| {
+                SinkFailure::transient(format!(
+                    "sink `{}`: the change feed failed: {e}",
+                    config.name
+                ))
+            })
+        })
+    }
+}

@@ -1,0 +1,443 @@
+//! One subscription: reads its sources' logs from its positions and sends
+//! whole units, within its flow-control window.
+//!
+//! The session runs on a thread of its own (log reads are blocking file
+//! reads). It takes one unit at a time from one source, round-robin over
+//! the sources with something to read, so each source's commit order is
+//! kept and none starves the others. Before a unit it waits for room in
+//! the window ([`Flow`]); once it began a unit it sends all of it, so a
+//! unit larger than the window goes alone, when nothing else is in flight.
+//! Its position in a source moves only at a unit's end, and that position
+//! is what the unit's token says: see the crate's documentation.
+//!
+//! What counts as a unit here: a transaction (however many log records it
+//! spans), one record of rows of the initial copy (the copy is written as
+//! one log unit, but its rows are reads: a subscriber may resume between
+//! batches of them), the copy's end, a non-transactional message.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures_util::future::select_all;
+use tokio::sync::{mpsc, watch};
+use tonic::Status;
+use walbridge_log::{Entry, Log, LogReader, ReadRecord};
+use walbridge_sink::SourceLog;
+
+use crate::encode::{Encoder, Transaction, respond};
+use crate::error::FeedError;
+use crate::pb::{self, subscribe_response::Event};
+use crate::token::{Token, TokenPosition};
+
+/// The window when a subscriber asks for none.
+pub(crate) const DEFAULT_MAX_EVENTS: u64 = 10_000;
+pub(crate) const DEFAULT_MAX_BYTES: u64 = 16 << 20;
+
+/// A unit sent and not yet acknowledged.
+#[derive(Debug)]
+struct Sent {
+    source: usize,
+    /// The source's next record after it.
+    next: u64,
+    events: u64,
+    bytes: u64,
+}
+
+#[derive(Debug)]
+struct FlowState {
+    sent: VecDeque<Sent>,
+    events: u64,
+    bytes: u64,
+    max_events: u64,
+    max_bytes: u64,
+}
+
+/// What a session has in flight, and how much it may have.
+#[derive(Debug)]
+pub(crate) struct Flow {
+    state: Mutex<FlowState>,
+    changed: watch::Sender<()>,
+}
+
+impl Flow {
+    pub fn new(limits: Option<&pb::FlowControl>) -> Flow {
+        let flow = Flow {
+            state: Mutex::new(FlowState {
+                sent: VecDeque::new(),
+                events: 0,
+                bytes: 0,
+                max_events: DEFAULT_MAX_EVENTS,
+                max_bytes: DEFAULT_MAX_BYTES,
+            }),
+            changed: watch::Sender::new(()),
+        };
+        if let Some(limits) = limits {
+            flow.set_limits(limits);
+        }
+        flow
+    }
+
+    fn lock(&self) -> MutexGuard<'_, FlowState> {
+        // Every change under the lock is a few assignments: consistent after a panic.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets the window; a zero keeps the default.
+    pub fn set_limits(&self, limits: &pb::FlowControl) {
+        let mut state = self.lock();
+        state.max_events = match limits.max_events {
+            0 => DEFAULT_MAX_EVENTS,
+            n => u64::from(n),
+        };
+        state.max_bytes = match limits.max_bytes {
+            0 => DEFAULT_MAX_BYTES,
+            n => n,
+        };
+        drop(state);
+        self.changed.send_replace(());
+    }
+
+    /// True when another unit may be sent: the window has room, or nothing
+    /// is in flight (a unit larger than the window goes alone).
+    fn has_room(&self) -> bool {
+        let state = self.lock();
+        state.sent.is_empty() || state.events < state.max_events && state.bytes < state.max_bytes
+    }
+
+    fn sent(&self, sent: Sent) {
+        let mut state = self.lock();
+        state.events += sent.events;
+        state.bytes += sent.bytes;
+        state.sent.push_back(sent);
+    }
+
+    /// Frees what `token` acknowledges: every unit sent before it.
+    pub fn acknowledged(&self, token: &Token, sources: &[String]) {
+        let mut state = self.lock();
+        while let Some(front) = state.sent.front() {
+            let covered = sources
+                .get(front.source)
+                .and_then(|name| token.position(name))
+                .is_some_and(|p| p.next >= front.next);
+            if !covered {
+                break;
+            }
+            if let Some(done) = state.sent.pop_front() {
+                state.events -= done.events;
+                state.bytes -= done.bytes;
+            }
+        }
+        drop(state);
+        self.changed.send_replace(());
+    }
+}
+
+/// One source as a session reads it.
+pub(crate) struct SessionSource {
+    name: String,
+    log: Log,
+    reader: LogReader,
+    /// After the last unit sent (or skipped by the filter).
+    position: TokenPosition,
+}
+
+impl SessionSource {
+    /// Reads `source` from `position`.
+    pub fn open(source: &SourceLog, position: TokenPosition) -> Result<SessionSource, FeedError> {
+        let reader = source
+            .log
+            .reader(position.next)
+            .map_err(|error| FeedError::Log {
+                source_name: source.context.name.clone(),
+                error,
+            })?;
+        Ok(SessionSource {
+            name: source.context.name.clone(),
+            log: source.log.clone(),
+            reader,
+            position,
+        })
+    }
+}
+
+/// A session, ready to run.
+pub(crate) struct Session {
+    pub sources: Vec<SessionSource>,
+    pub encoder: Encoder,
+    pub heartbeat: Duration,
+    pub flow: Arc<Flow>,
+    pub out: mpsc::Sender<Result<pb::SubscribeResponse, Status>>,
+    /// Set when the subscriber is gone or the feed stops.
+    pub cancel: watch::Receiver<bool>,
+    /// Set when the feed stops.
+    pub stopping: watch::Receiver<bool>,
+}
+
+/// Why a session ended without an error to report.
+struct Gone;
+
+impl Session {
+    /// The token for where the session is now.
+    fn token(&self) -> bytes::Bytes {
+        Token {
+            sources: self.sources.iter().map(|s| s.position.clone()).collect(),
+        }
+        .encode()
+    }
+
+    fn positions(&self) -> Vec<pb::SourcePosition> {
+        self.sources
+            .iter()
+            .map(|s| pb::SourcePosition {
+                source: s.name.clone(),
+                lsn: s.position.lsn().to_string(),
+                from_beginning: false,
+            })
+            .collect()
+    }
+
+    /// Runs until the subscriber goes or the feed stops; an error is sent
+    /// to the subscriber as its status.
+    pub fn run(mut self, runtime: &tokio::runtime::Handle) {
+        if let Err(e) = self.serve(runtime) {
+            let _ = self.out.blocking_send(Err(e.status()));
+        }
+    }
+
+    fn cancelled(&self) -> bool {
+        *self.cancel.borrow() || self.out.is_closed()
+    }
+
+    fn serve(&mut self, runtime: &tokio::runtime::Handle) -> Result<(), FeedError> {
+        let mut last_sent = Instant::now();
+        let mut turn = 0;
+        let mut flow_changed = self.flow.changed.subscribe();
+        loop {
+            if *self.stopping.borrow() {
+                return Err(FeedError::Stopping);
+            }
+            if self.cancelled() {
+                return Ok(());
+            }
+            let due = last_sent + self.heartbeat;
+            if Instant::now() >= due {
+                match self.send(vec![respond(Event::Progress(pb::Progress {
+                    resume_token: self.token(),
+                    sources: self.positions(),
+                }))]) {
+                    Ok(_) => last_sent = Instant::now(),
+                    Err(Gone) => return Ok(()),
+                }
+                continue;
+            }
+            if !self.flow.has_room() {
+                flow_changed.mark_unchanged();
+                if self.flow.has_room() {
+                    continue;
+                }
+                let cancel = &mut self.cancel;
+                runtime.block_on(async {
+                    tokio::select! {
+                        _ = flow_changed.changed() => {}
+                        _ = cancel.wait_for(|c| *c) => {}
+                        _ = tokio::time::sleep_until(due.into()) => {}
+                    }
+                });
+                continue;
+            }
+            let mut sent_any = None;
+            for k in 0..self.sources.len() {
+                let i = (turn + k) % self.sources.len();
+                match self.unit(i) {
+                    Ok(Some(sent)) => {
+                        sent_any = Some(sent);
+                        turn = i + 1;
+                        break;
+                    }
+                    Ok(None) => {}
+                    Err(Ok(Gone)) => return Ok(()),
+                    Err(Err(e)) => return Err(e),
+                }
+            }
+            match sent_any {
+                Some(true) => last_sent = Instant::now(),
+                Some(false) => {}
+                None => {
+                    let Session {
+                        sources, cancel, ..
+                    } = self;
+                    runtime.block_on(async {
+                        let readable =
+                            select_all(sources.iter_mut().map(|s| Box::pin(s.reader.wait())));
+                        tokio::select! {
+                            _ = readable => {}
+                            _ = cancel.wait_for(|c| *c) => {}
+                            _ = tokio::time::sleep_until(due.into()) => {}
+                        }
+                    });
+                }
+            }
+        }
+    }
+
+    /// Sends `messages`; what they count against the window.
+    fn send(&self, messages: Vec<pb::SubscribeResponse>) -> Result<(u64, u64), Gone> {
+        let mut events = 0;
+        let mut bytes = 0;
+        for message in messages {
+            events += match &message.event {
+                Some(Event::Change(_)) | Some(Event::Message(_)) => 1,
+                Some(Event::Rows(rows)) => rows.rows.len() as u64,
+                _ => 0,
+            };
+            bytes += prost::Message::encoded_len(&message) as u64;
+            self.out.blocking_send(Ok(message)).map_err(|_| Gone)?;
+        }
+        Ok((events, bytes))
+    }
+
+    /// Reads and sends source `i`'s next unit: `None` when it has none
+    /// yet, else whether anything was sent (the filter may leave nothing).
+    fn unit(&mut self, i: usize) -> Result<Option<bool>, Result<Gone, FeedError>> {
+        let failed = |name: &str| {
+            let source_name = name.to_owned();
+            move |error| Err(FeedError::Log { source_name, error })
+        };
+        let source = &mut self.sources[i];
+        let Some(record) = source.reader.try_next().map_err(failed(&source.name))? else {
+            return Ok(None);
+        };
+        let name = source.name.clone();
+        let mut out = Vec::new();
+        let mut sent = (0u64, 0u64);
+        let mut count = |session: &Session,
+                         out: &mut Vec<pb::SubscribeResponse>|
+         -> Result<(), Result<Gone, FeedError>> {
+            let (e, b) = session.send(std::mem::take(out)).map_err(Ok)?;
+            sent.0 += e;
+            sent.1 += b;
+            Ok(())
+        };
+        let ReadRecord {
+            seq, lsn, entry, ..
+        } = record;
+        match entry {
+            Entry::Transaction {
+                info,
+                first,
+                last,
+                changes,
+            } => {
+                if !first {
+                    return Err(Err(self.torn(i, seq)));
+                }
+                let mut transaction = Transaction::default();
+                let (mut changes, mut last, mut at) = (changes, last, (seq, lsn));
+                loop {
+                    for change in &changes {
+                        self.encoder
+                            .change((i, &name), &info, &mut transaction, change, &mut out);
+                    }
+                    count(self, &mut out)?;
+                    if last {
+                        break;
+                    }
+                    let source = &mut self.sources[i];
+                    match source.reader.try_next().map_err(failed(&name))? {
+                        Some(ReadRecord {
+                            seq,
+                            lsn,
+                            entry:
+                                Entry::Transaction {
+                                    first: false,
+                                    last: is_last,
+                                    changes: more,
+                                    ..
+                                },
+                            ..
+                        }) => {
+                            (changes, last, at) = (more, is_last, (seq, lsn));
+                        }
+                        _ => return Err(Err(self.torn(i, at.0 + 1))),
+                    }
+                }
+                self.advance(i, at.0 + 1, at.1, 0);
+                let token = self.token();
+                out.extend(Encoder::commit(&name, &info, &transaction, token));
+                count(self, &mut out)?;
+            }
+            Entry::Snapshot(batch) => {
+                let rows = batch
+                    .rows
+                    .rows(batch.relation.columns.len())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| {
+                        Err(FeedError::Log {
+                            source_name: name.clone(),
+                            error: walbridge_log::LogError::Segment {
+                                path: self.sources[i].log.dir().to_owned(),
+                                problem: format!("record {seq}: rows of the copy unreadable: {e}"),
+                            },
+                        })
+                    })?;
+                let first = self.sources[i].position.copied_rows;
+                let copied = first + rows.len() as u64;
+                self.advance(i, seq + 1, lsn, copied);
+                let token = self.token();
+                self.encoder.rows(
+                    (i, &name),
+                    &batch.relation,
+                    batch.consistent_point,
+                    (first, rows),
+                    token,
+                    &mut out,
+                );
+                count(self, &mut out)?;
+            }
+            Entry::SnapshotComplete { consistent_point } => {
+                self.advance(i, seq + 1, lsn, 0);
+                out.push(respond(Event::CopyComplete(pb::CopyComplete {
+                    source: name.clone(),
+                    lsn: consistent_point.to_string(),
+                    resume_token: self.token(),
+                })));
+                count(self, &mut out)?;
+            }
+            Entry::Message(message) => {
+                self.advance(i, seq + 1, lsn, 0);
+                out.extend(self.encoder.message(&name, &message, self.token()));
+                count(self, &mut out)?;
+            }
+        }
+        if sent.0 > 0 || sent.1 > 0 {
+            self.flow.sent(Sent {
+                source: i,
+                next: self.sources[i].position.next,
+                events: sent.0,
+                bytes: sent.1,
+            });
+        }
+        Ok(Some(sent.1 > 0))
+    }
+
+    fn advance(&mut self, i: usize, next: u64, lsn: walbridge_core::Lsn, copied_rows: u64) {
+        let position = &mut self.sources[i].position;
+        position.next = next;
+        position.lsn = lsn.0;
+        position.copied_rows = copied_rows;
+    }
+
+    /// A transaction's chunks are not contiguous at record `seq`: the log
+    /// is damaged.
+    fn torn(&self, i: usize, seq: u64) -> FeedError {
+        let source = &self.sources[i];
+        FeedError::Log {
+            source_name: source.name.clone(),
+            error: walbridge_log::LogError::Segment {
+                path: source.log.dir().to_owned(),
+                problem: format!("record {seq} does not continue the transaction before it"),
+            },
+        }
+    }
+}

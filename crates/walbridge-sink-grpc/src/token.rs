@@ -1,0 +1,103 @@
+//! Resume tokens: per source, where a subscription is between two units of
+//! the log.
+//!
+//! A token is opaque to subscribers. It holds, for each source the
+//! subscription reads, the log's identity (a token never applies to a log
+//! recreated since), the next record to read, the publisher LSN covered,
+//! and, inside a source's initial copy, how many rows of it came before
+//! (so the rows' event ids are the same however a subscriber resumes).
+//! It is the protobuf encoding of [`Token`], so it only ever gains fields.
+
+use prost::Message;
+use walbridge_core::Lsn;
+
+/// A subscription's place, per source.
+#[derive(Clone, PartialEq, Message)]
+pub struct Token {
+    /// One entry per source, in the feed's source order.
+    #[prost(message, repeated, tag = "1")]
+    pub sources: Vec<TokenPosition>,
+}
+
+/// A place in one source's log.
+#[derive(Clone, PartialEq, Eq, Message)]
+pub struct TokenPosition {
+    /// The source's name.
+    #[prost(string, tag = "1")]
+    pub source: String,
+    /// The log's identity.
+    #[prost(string, tag = "2")]
+    pub log: String,
+    /// The next record to read.
+    #[prost(uint64, tag = "3")]
+    pub next: u64,
+    /// The publisher LSN covered by the records before `next`.
+    #[prost(uint64, tag = "4")]
+    pub lsn: u64,
+    /// Rows of the initial copy before `next`, while `next` is inside it.
+    #[prost(uint64, tag = "5")]
+    pub copied_rows: u64,
+}
+
+impl TokenPosition {
+    /// The publisher LSN covered.
+    pub fn lsn(&self) -> Lsn {
+        Lsn(self.lsn)
+    }
+}
+
+impl Token {
+    /// The token's bytes, as subscribers see them.
+    pub fn encode(&self) -> bytes::Bytes {
+        self.encode_to_vec().into()
+    }
+
+    /// Reads a token a subscriber sent back; `None` when the bytes are not
+    /// one.
+    pub fn parse(bytes: &[u8]) -> Option<Token> {
+        let token = Token::decode(bytes).ok()?;
+        token
+            .sources
+            .iter()
+            .all(|p| !p.source.is_empty() && !p.log.is_empty())
+            .then_some(token)
+    }
+
+    /// The position for `source`.
+    pub fn position(&self, source: &str) -> Option<&TokenPosition> {
+        self.sources.iter().find(|p| p.source == source)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_reads_back_as_written_and_garbage_is_refused() {
+        let token = Token {
+            sources: vec![TokenPosition {
+                source: "shop".into(),
+                log: "log-1".into(),
+                next: 42,
+                lsn: 0x16_B374_D848,
+                copied_rows: 0,
+            }],
+        };
+        let bytes = token.encode();
+        assert_eq!(Token::parse(&bytes), Some(token.clone()));
+        assert_eq!(
+            token.position("shop").map(|p| p.lsn()),
+            Some(Lsn(0x16_B374_D848))
+        );
+        assert_eq!(Token::parse(b"\xff\xff\xff"), None);
+        // Well-formed protobuf, but no log: not a token of ours.
+        let foreign = Token {
+            sources: vec![TokenPosition {
+                source: "shop".into(),
+                ..Default::default()
+            }],
+        };
+        assert_eq!(Token::parse(&foreign.encode()), None);
+    }
+}
