@@ -10,7 +10,10 @@
 #   official librdkafka client, its Avro/Protobuf deserializers and schema
 #   registry client) in $WALBRIDGE_KAFKA_VENV, with grpcio-tools, whose
 #   protoc turns the Protobuf schemas the registry holds into the message
-#   classes the Protobuf deserializer needs; and, for the operating
+#   classes the Protobuf deserializer needs and the gRPC feed's client
+#   stubs (tests/grpc/feed_client.py), with grpcio-health-checking and
+#   grpcio-reflection, the standard clients of the feed's health and
+#   reflection services; and, for the operating
 #   surface's tests, prometheus-client, whose parser reads the admin
 #   endpoint's /metrics, and kubernetes-validate, which checks
 #   deploy/kubernetes against Kubernetes' own schemas.
@@ -19,7 +22,7 @@
 set -euo pipefail
 
 confluent_kafka_version=2.16.1
-grpcio_tools_version=1.85.1
+grpcio_version=1.85.1
 prometheus_client_version=0.22.1
 kubernetes_validate_version=1.31.0
 
@@ -36,8 +39,8 @@ fi
 # check that Debezium's tooling reads our topics (built by the tests).
 mvn -q -B -f "$here/../tests/kafka/connect-check/pom.xml" dependency:resolve dependency:resolve-plugins >/dev/null
 
-if ! "$venv/bin/python" -c "import confluent_kafka, grpc_tools, prometheus_client, kubernetes_validate, sys; sys.exit(confluent_kafka.__version__ != '$confluent_kafka_version')" 2>/dev/null; then
+if ! "$venv/bin/python" -c "import confluent_kafka, grpc_tools, grpc_health, grpc_reflection, prometheus_client, kubernetes_validate, sys; sys.exit(confluent_kafka.__version__ != '$confluent_kafka_version')" 2>/dev/null; then
   echo "kafka-test-env: installing confluent-kafka $confluent_kafka_version into $venv"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check "confluent-kafka[avro,protobuf,schemaregistry]==$confluent_kafka_version" "grpcio-tools==$grpcio_tools_version" "prometheus-client==$prometheus_client_version" "kubernetes-validate==$kubernetes_validate_version"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "confluent-kafka[avro,protobuf,schemaregistry]==$confluent_kafka_version" "grpcio-tools==$grpcio_version" "grpcio-health-checking==$grpcio_version" "grpcio-reflection==$grpcio_version" "prometheus-client==$prometheus_client_version" "kubernetes-validate==$kubernetes_validate_version"
 fi

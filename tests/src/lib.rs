@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 pub mod admin;
 pub mod connect;
 pub mod disk;
+pub mod feed;
 pub mod fixtures;
 pub mod kafka;
 pub mod walbridge;

@@ -197,18 +197,24 @@ impl Deployment {
     /// As [`Deployment::admin_address`], for the process that logs past
     /// the log's first `seen` bytes (one started again).
     pub fn admin_address_after(&self, seen: usize, timeout: Duration) -> String {
-        let log = self.wait_for_log_after(seen, "admin endpoint serving", timeout);
+        self.logged_address(seen, "admin endpoint serving", timeout)
+    }
+
+    /// The `listen` address of the last log line saying `message`, past
+    /// the log's first `seen` bytes.
+    pub fn logged_address(&self, seen: usize, message: &str, timeout: Duration) -> String {
+        let log = self.wait_for_log_after(seen, message, timeout);
         // Plain text (`listen=ADDRESS`) or JSON (`"listen":"ADDRESS"`).
         log.lines()
             .rev()
-            .find(|l| l.contains("admin endpoint serving"))
+            .find(|l| l.contains(message))
             .and_then(|l| {
                 let text = l.split("listen=").nth(1);
                 let json = l.split("\"listen\":\"").nth(1);
                 text.or(json)
             })
             .and_then(|rest| rest.split(|c: char| c.is_whitespace() || c == '"').next())
-            .unwrap_or_else(|| panic!("no admin address in the log:\n{log}"))
+            .unwrap_or_else(|| panic!("no address after `{message}` in the log:\n{log}"))
             .to_owned()
     }
 

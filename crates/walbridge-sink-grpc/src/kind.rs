@@ -164,7 +164,9 @@ impl SinkRun for GrpcRun {
                     config.name
                 ))
             })?;
-            tracing::info!(sink = %config.name, "change feed listening on {address}");
+            // With port 0 the system picks one: say which.
+            let bound = listener.local_addr().unwrap_or(address);
+            tracing::info!(sink = %config.name, listen = %bound, "change feed serving");
             let holding = tokio::spawn(feed.clone().hold());
 
             let (health, health_service) = tonic_health::server::health_reporter();

@@ -1,0 +1,327 @@
+"""A third-party client of walbridge's change feed, for the tests.
+
+It is what a service consuming the feed would write: stubs generated from
+proto/walbridge/feed/v1/feed.proto by grpcio-tools (at start, into a
+temporary directory), the relation descriptions kept by number to decode
+changes without any registry, acknowledgements sent after processing.
+
+    feed_client.py --address HOST:PORT [--ca FILE] [--token-env NAME]
+                   [--client-cert FILE --client-key FILE] COMMAND ...
+
+Commands:
+
+    subscribe --open JSON [--units N] [--idle SECONDS] [--ack each|none]
+              [--ack-every N] [--output FILE] [--timeout SECONDS]
+        Opens a Subscribe stream with `open` (the Open message in protobuf's
+        JSON mapping) and writes one JSON line per response: {"event": kind,
+        "message": ..., "decoded": ...}; changes and rows are decoded into
+        {"table", "operation", "new", "old"} with tagged values ({"int64": 5},
+        {"timestamp": "2024-02-29T11:00:00.500000+00:00"}, ...). Stops after
+        N units (a commit, a batch of rows, a copy's end, a message outside a
+        transaction) or SECONDS without a unit; the last line is {"end":
+        "stopped"} or {"end": "error", "code": "OUT_OF_RANGE", "details": ...}.
+    call METHOD [JSON]
+        A unary RPC of ChangeFeed (CreateConsumer, ...): the response, or
+        {"error": code, "details": ...}.
+    health [SERVICE]
+        The standard health check: {"status": "SERVING"}.
+    reflect
+        Through server reflection only: the services listed, and the
+        ChangeFeed service's methods as its descriptor says.
+"""
+
+import argparse
+import base64
+import importlib
+import json
+import math
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import timezone
+
+import grpc
+import grpc_tools
+from google.protobuf import json_format
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROTO_ROOT = os.path.join(HERE, "..", "..", "proto")
+
+
+def load_stubs(work):
+    """feed_pb2 and feed_pb2_grpc, compiled from the proto."""
+    include = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
+    subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_ROOT}", f"-I{include}",
+         f"--python_out={work}", f"--grpc_python_out={work}", "walbridge/feed/v1/feed.proto"],
+        check=True,
+    )
+    sys.path.insert(0, work)
+    return (importlib.import_module("walbridge.feed.v1.feed_pb2"),
+            importlib.import_module("walbridge.feed.v1.feed_pb2_grpc"))
+
+
+def channel(args):
+    if not args.ca:
+        return grpc.insecure_channel(args.address)
+    with open(args.ca, "rb") as f:
+        root = f.read()
+    key = cert = None
+    if args.client_cert:
+        with open(args.client_key, "rb") as f:
+            key = f.read()
+        with open(args.client_cert, "rb") as f:
+            cert = f.read()
+    credentials = grpc.ssl_channel_credentials(root, key, cert)
+    return grpc.secure_channel(args.address, credentials)
+
+
+def metadata(args):
+    if args.token_env:
+        return (("authorization", f"Bearer {os.environ[args.token_env]}"),)
+    return ()
+
+
+def decode_value(value):
+    """A Value as {kind: decoded}, with its text form when sent."""
+    kind = value.WhichOneof("kind")
+    if kind is None:
+        decoded = {"unknown": None}
+    elif kind == "null":
+        decoded = None
+    elif kind == "unchanged_toast":
+        decoded = {"unchanged_toast": True}
+    elif kind == "double":
+        d = value.double
+        decoded = {"double": d if math.isfinite(d) else repr(d)}
+    elif kind == "bytes":
+        decoded = {"bytes": value.bytes.hex()}
+    elif kind == "timestamp":
+        decoded = {"timestamp": value.timestamp.ToDatetime(tzinfo=timezone.utc).isoformat()}
+    elif kind == "json":
+        decoded = {"json": json.loads(value.json)}
+    elif kind == "array":
+        decoded = {"array": [decode_value(e) for e in value.array.elements]}
+    else:
+        decoded = {kind: getattr(value, kind)}
+    if value.HasField("text"):
+        return {"value": decoded, "text": value.text}
+    return decoded
+
+
+class Decoder:
+    """Relations by number, as the stream describes them."""
+
+    def __init__(self):
+        self.relations = {}
+
+    def describe(self, relation):
+        self.relations[relation.relation] = relation
+
+    def table(self, number):
+        r = self.relations[number]
+        return f"{r.schema}.{r.table}"
+
+    def row(self, number, row):
+        if row is None:
+            return None
+        columns = self.relations[number].columns
+        assert len(columns) == len(row.values), "a row's values match its relation's columns"
+        return {c.name: decode_value(v) for c, v in zip(columns, row.values)}
+
+    def change(self, change, operation_name):
+        decoded = {
+            "id": [change.id.source, change.id.lsn, change.id.sequence],
+            "operation": operation_name(change.operation),
+        }
+        if change.HasField("message"):
+            decoded["message"] = {
+                "prefix": change.message.prefix,
+                "content": change.message.content.decode("utf-8", "replace"),
+            }
+            return decoded
+        if change.relations:
+            decoded["tables"] = [self.table(n) for n in change.relations]
+            decoded["cascade"] = change.cascade
+            decoded["restart_identity"] = change.restart_identity
+            return decoded
+        decoded["table"] = self.table(change.relation)
+        decoded["new"] = self.row(change.relation, change.new if change.HasField("new") else None)
+        decoded["old"] = self.row(change.relation, change.old if change.HasField("old") else None)
+        return decoded
+
+    def rows(self, rows):
+        return {
+            "table": self.table(rows.relation),
+            "first_id": [rows.first_id.source, rows.first_id.lsn, rows.first_id.sequence],
+            "rows": [self.row(rows.relation, r) for r in rows.rows],
+        }
+
+
+def subscribe(args, pb, stubs, out):
+    stub = stubs.ChangeFeedStub(channel(args))
+    requests = queue.Queue()
+    open_message = json_format.ParseDict(json.loads(args.open), pb.Open())
+    requests.put(pb.SubscribeRequest(open=open_message))
+
+    def request_iterator():
+        while True:
+            item = requests.get()
+            if item is None:
+                return
+            yield item
+
+    responses = stub.Subscribe(request_iterator(), metadata=metadata(args), timeout=args.timeout)
+    decoder = Decoder()
+    operation_name = pb.Operation.Name
+    # Held while a response is processed (written, then acknowledged), so
+    # closing never falls between the two.
+    lock = threading.Lock()
+    state = {"units": 0, "since_ack": 0, "idle_from": time.monotonic(), "closing": None}
+
+    def write(line):
+        out.write(json.dumps(line) + "\n")
+        out.flush()
+
+    def close(reason):
+        """Ends our side of the stream: the server stores the last
+        acknowledgement, then ends its side."""
+        if state["closing"] is None:
+            state["closing"] = reason
+            requests.put(None)
+
+    if args.idle:
+        def watch_idle():
+            while state["closing"] is None:
+                time.sleep(0.05)
+                with lock:
+                    if time.monotonic() - state["idle_from"] > args.idle:
+                        close("idle")
+        threading.Thread(target=watch_idle, daemon=True).start()
+
+    try:
+        for response in responses:
+            with lock:
+                if state["closing"] is not None:
+                    continue
+                kind = response.WhichOneof("event")
+                message = getattr(response, kind)
+                line = {"event": kind,
+                        "message": json_format.MessageToDict(message, preserving_proto_field_name=True)}
+                token = None
+                unit = False
+                if kind == "relation":
+                    decoder.describe(message)
+                elif kind == "change":
+                    line["decoded"] = decoder.change(message, operation_name)
+                elif kind == "rows":
+                    line["decoded"] = decoder.rows(message)
+                    token = message.resume_token
+                    unit = bool(token)
+                elif kind in ("commit", "copy_complete"):
+                    token, unit = message.resume_token, True
+                elif kind == "message":
+                    token, unit = message.resume_token, True
+                    line["decoded"] = {"prefix": message.prefix,
+                                       "content": message.content.decode("utf-8", "replace")}
+                elif kind == "progress":
+                    token = message.resume_token
+                write(line)
+                if unit:
+                    state["units"] += 1
+                    state["since_ack"] += 1
+                    state["idle_from"] = time.monotonic()
+                if token and args.ack == "each" and (not unit or state["since_ack"] >= args.ack_every):
+                    requests.put(pb.SubscribeRequest(ack=pb.Ack(resume_token=token)))
+                    write({"acked": base64.b64encode(token).decode()})
+                    state["since_ack"] = 0
+                if args.units and state["units"] >= args.units:
+                    close("units")
+    except grpc.RpcError as e:
+        write({"end": "error", "code": e.code().name, "details": e.details()})
+        return
+    finally:
+        close("ended")
+    write({"end": "stopped", "reason": state["closing"], "units": state["units"]})
+
+
+def call(args, pb, stubs, out):
+    stub = stubs.ChangeFeedStub(channel(args))
+    method = getattr(stub, args.method)
+    request_type = getattr(pb, f"{args.method}Request")
+    request = json_format.ParseDict(json.loads(args.request or "{}"), request_type())
+    try:
+        response = method(request, metadata=metadata(args), timeout=30)
+    except grpc.RpcError as e:
+        out.write(json.dumps({"error": e.code().name, "details": e.details()}) + "\n")
+        return
+    out.write(json.dumps(json_format.MessageToDict(response, preserving_proto_field_name=True)) + "\n")
+
+
+def health(args, out):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    stub = health_pb2_grpc.HealthStub(channel(args))
+    try:
+        response = stub.Check(health_pb2.HealthCheckRequest(service=args.service), metadata=metadata(args), timeout=10)
+    except grpc.RpcError as e:
+        out.write(json.dumps({"error": e.code().name, "details": e.details()}) + "\n")
+        return
+    out.write(json.dumps({"status": health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)}) + "\n")
+
+
+def reflect(args, out):
+    from google.protobuf.descriptor_pool import DescriptorPool
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+    database = ProtoReflectionDescriptorDatabase(channel(args))
+    services = list(database.get_services())
+    pool = DescriptorPool(database)
+    service = pool.FindServiceByName("walbridge.feed.v1.ChangeFeed")
+    methods = {m.name: {"input": m.input_type.full_name, "output": m.output_type.full_name,
+                        "client_streaming": m.client_streaming if hasattr(m, "client_streaming") else None}
+               for m in service.methods}
+    out.write(json.dumps({"services": services, "methods": methods}) + "\n")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--address", required=True)
+    parser.add_argument("--ca")
+    parser.add_argument("--client-cert")
+    parser.add_argument("--client-key")
+    parser.add_argument("--token-env")
+    commands = parser.add_subparsers(dest="command", required=True)
+    s = commands.add_parser("subscribe")
+    s.add_argument("--open", required=True)
+    s.add_argument("--units", type=int, default=0)
+    s.add_argument("--idle", type=float, default=0)
+    s.add_argument("--ack", choices=["each", "none"], default="each")
+    s.add_argument("--ack-every", type=int, default=1)
+    s.add_argument("--output")
+    s.add_argument("--timeout", type=float, default=300)
+    c = commands.add_parser("call")
+    c.add_argument("method")
+    c.add_argument("request", nargs="?")
+    h = commands.add_parser("health")
+    h.add_argument("service", nargs="?", default="")
+    commands.add_parser("reflect")
+    args = parser.parse_args()
+
+    out = open(args.output, "a", buffering=1) if getattr(args, "output", None) else sys.stdout
+    if args.command == "health":
+        return health(args, out)
+    if args.command == "reflect":
+        return reflect(args, out)
+    with tempfile.TemporaryDirectory() as work:
+        pb, stubs = load_stubs(work)
+        if args.command == "subscribe":
+            subscribe(args, pb, stubs, out)
+        else:
+            call(args, pb, stubs, out)
+
+
+if __name__ == "__main__":
+    main()
