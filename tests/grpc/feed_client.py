@@ -12,6 +12,7 @@ Commands:
 
     subscribe --open JSON [--units N] [--idle SECONDS] [--ack each|none]
               [--ack-every N] [--output FILE] [--timeout SECONDS]
+              [--reconnect SECONDS]
         Opens a Subscribe stream with `open` (the Open message in protobuf's
         JSON mapping) and writes one JSON line per response: {"event": kind,
         "message": ..., "decoded": ...}; changes and rows are decoded into
@@ -20,6 +21,8 @@ Commands:
         N units (a commit, a batch of rows, a copy's end, a message outside a
         transaction) or SECONDS without a unit; the last line is {"end":
         "stopped"} or {"end": "error", "code": "OUT_OF_RANGE", "details": ...}.
+        With --reconnect, a stream that fails as UNAVAILABLE is opened again
+        (a line {"reconnect": ...} says so) for up to SECONDS of failures.
     call METHOD [JSON]
         A unary RPC of ChangeFeed (CreateConsumer, ...): the response, or
         {"error": code, "details": ...}.
@@ -84,6 +87,12 @@ def metadata(args):
     if args.token_env:
         return (("authorization", f"Bearer {os.environ[args.token_env]}"),)
     return ()
+
+
+def as_dict(message):
+    """A message in protobuf's JSON mapping, default values included."""
+    return json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
 
 
 def decode_value(value):
@@ -163,6 +172,38 @@ class Decoder:
 
 
 def subscribe(args, pb, stubs, out):
+    """Sessions until one stops; with --reconnect, a session the server
+    ends as UNAVAILABLE (walbridge stopped or killed) is followed by
+    another, as the same durable consumer, once the feed answers again."""
+    state = {"units": 0, "since_ack": 0, "idle_from": time.monotonic()}
+
+    def write(line):
+        out.write(json.dumps(line) + "\n")
+        out.flush()
+
+    down_since = None
+    while True:
+        outcome = session(args, pb, stubs, state, write)
+        if outcome is None:
+            return
+        code, details = outcome
+        retry = args.reconnect and code == grpc.StatusCode.UNAVAILABLE
+        if retry:
+            down_since = down_since or time.monotonic()
+            retry = time.monotonic() - down_since < args.reconnect
+        if not retry:
+            write({"end": "error", "code": code.name, "details": details})
+            return
+        if state.get("connected"):
+            write({"reconnect": code.name, "details": details})
+            down_since = time.monotonic()
+        state["connected"] = False
+        time.sleep(0.2)
+
+
+def session(args, pb, stubs, state, write):
+    """One Subscribe stream: None when it stopped, else the error's code
+    and details."""
     stub = stubs.ChangeFeedStub(channel(args))
     requests = queue.Queue()
     open_message = json_format.ParseDict(json.loads(args.open), pb.Open())
@@ -181,40 +222,40 @@ def subscribe(args, pb, stubs, out):
     # Held while a response is processed (written, then acknowledged), so
     # closing never falls between the two.
     lock = threading.Lock()
-    state = {"units": 0, "since_ack": 0, "idle_from": time.monotonic(), "closing": None}
-
-    def write(line):
-        out.write(json.dumps(line) + "\n")
-        out.flush()
+    closing = []
 
     def close(reason):
         """Ends our side of the stream: the server stores the last
         acknowledgement, then ends its side."""
-        if state["closing"] is None:
-            state["closing"] = reason
+        if not closing:
+            closing.append(reason)
             requests.put(None)
 
-    if args.idle:
-        def watch_idle():
-            while state["closing"] is None:
-                time.sleep(0.05)
-                with lock:
-                    if time.monotonic() - state["idle_from"] > args.idle:
-                        close("idle")
-        threading.Thread(target=watch_idle, daemon=True).start()
+    def watch_idle():
+        while not closing:
+            time.sleep(0.05)
+            with lock:
+                if time.monotonic() - state["idle_from"] > args.idle:
+                    close("idle")
 
+    if args.idle:
+        threading.Thread(target=watch_idle, daemon=True).start()
     try:
         for response in responses:
             with lock:
-                if state["closing"] is not None:
+                if closing:
                     continue
                 kind = response.WhichOneof("event")
                 message = getattr(response, kind)
                 line = {"event": kind,
-                        "message": json_format.MessageToDict(message, preserving_proto_field_name=True)}
+                        "message": as_dict(message)}
                 token = None
                 unit = False
-                if kind == "relation":
+                if kind == "subscribed":
+                    state["connected"] = True
+                    # Idle time counts within a session, not across a reconnection.
+                    state["idle_from"] = time.monotonic()
+                elif kind == "relation":
                     decoder.describe(message)
                 elif kind == "change":
                     line["decoded"] = decoder.change(message, operation_name)
@@ -242,11 +283,11 @@ def subscribe(args, pb, stubs, out):
                 if args.units and state["units"] >= args.units:
                     close("units")
     except grpc.RpcError as e:
-        write({"end": "error", "code": e.code().name, "details": e.details()})
-        return
+        return e.code(), e.details()
     finally:
         close("ended")
-    write({"end": "stopped", "reason": state["closing"], "units": state["units"]})
+    write({"end": "stopped", "reason": closing[0], "units": state["units"]})
+    return None
 
 
 def call(args, pb, stubs, out):
@@ -259,7 +300,7 @@ def call(args, pb, stubs, out):
     except grpc.RpcError as e:
         out.write(json.dumps({"error": e.code().name, "details": e.details()}) + "\n")
         return
-    out.write(json.dumps(json_format.MessageToDict(response, preserving_proto_field_name=True)) + "\n")
+    out.write(json.dumps(as_dict(response)) + "\n")
 
 
 def health(args, out):
@@ -302,6 +343,7 @@ def main():
     s.add_argument("--ack-every", type=int, default=1)
     s.add_argument("--output")
     s.add_argument("--timeout", type=float, default=300)
+    s.add_argument("--reconnect", type=float, default=0)
     c = commands.add_parser("call")
     c.add_argument("method")
     c.add_argument("request", nargs="?")

@@ -250,3 +250,311 @@ fn last_token(lines: &[Value]) -> Value {
         })
         .unwrap_or_else(|| panic!("no token in {lines:?}"))
 }
+
+/// The publisher's current WAL position, as a number.
+fn wal_position(pg: &Cluster) -> u64 {
+    lsn(&Value::String(pg.psql("SELECT pg_current_wal_lsn()")))
+}
+
+/// An LSN in PostgreSQL's text form, as a number.
+fn lsn(text: &Value) -> u64 {
+    let text = text
+        .as_str()
+        .unwrap_or_else(|| panic!("not an LSN: {text}"));
+    let (high, low) = text
+        .split_once('/')
+        .unwrap_or_else(|| panic!("not an LSN: {text}"));
+    let part = |p: &str| u64::from_str_radix(p, 16).unwrap_or_else(|e| panic!("{text}: {e}"));
+    (part(high) << 32) | part(low)
+}
+
+/// The tables and operations of the changes received, in order.
+fn changes_of(lines: &[Value]) -> Vec<(String, String)> {
+    events(lines, "change")
+        .iter()
+        .map(|c| {
+            let d = &c["decoded"];
+            (
+                d["table"].as_str().unwrap_or_default().to_owned(),
+                d["operation"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn filters_choose_tables_operations_columns_and_sources_on_the_server() {
+    let f = Fixture::start(
+        "CREATE TABLE orders (id int PRIMARY KEY, total int, note text);
+         CREATE TABLE order_lines (id int PRIMARY KEY, order_id int, qty int);
+         CREATE TABLE audit (id int PRIMARY KEY, what text)",
+        "",
+        "",
+    );
+    f.pg.psql(
+        "BEGIN; INSERT INTO orders VALUES (1, 10, 'a'); INSERT INTO order_lines VALUES (1, 1, 2);
+         INSERT INTO audit VALUES (1, 'x'); COMMIT",
+    );
+    f.pg.psql("UPDATE orders SET total = 20 WHERE id = 1");
+    f.pg.psql("DELETE FROM order_lines WHERE id = 1");
+    let before_last = wal_position(&f.pg);
+    f.pg.psql("INSERT INTO audit VALUES (2, 'y')");
+    let filter = json!({
+        "sources": ["src"],
+        "tables": ["public.order*"],
+        "operations": ["INSERT", "DELETE"],
+        "columns": [{"table": "public.orders", "columns": ["total"]}],
+    });
+    let lines = read_all(
+        &f.client,
+        &json!({"start": earliest(), "filter": filter, "heartbeat_interval_ms": 200}),
+    );
+    assert_eq!(
+        changes_of(&lines),
+        [
+            ("public.orders".into(), "INSERT".into()),
+            ("public.order_lines".into(), "INSERT".into()),
+            ("public.order_lines".into(), "DELETE".into())
+        ],
+        "{lines:?}"
+    );
+    let changes = events(&lines, "change");
+    assert_eq!(
+        changes[0]["decoded"]["new"],
+        json!({"id": {"int64": 1}, "total": {"int64": 10}}),
+        "the columns asked for, and the key"
+    );
+    assert_eq!(
+        changes[1]["decoded"]["new"],
+        json!({"id": {"int64": 1}, "order_id": {"int64": 1}, "qty": {"int64": 2}}),
+        "a table no column filter names is sent whole"
+    );
+    // Transactions left empty by the filter are not sent...
+    assert_eq!(events(&lines, "begin").len(), 2);
+    assert_eq!(events(&lines, "commit").len(), 2);
+    // ...but the position moves past them: progress covers the last one.
+    let progress = events(&lines, "progress");
+    let last = progress
+        .last()
+        .unwrap_or_else(|| panic!("no progress: {lines:?}"));
+    assert!(
+        lsn(&last["message"]["sources"][0]["lsn"]) > before_last,
+        "progress past the filtered transactions: {last}"
+    );
+
+    let refused = |open: Value, code: &str, says: &str| {
+        let lines = f.client.subscribe(&open, &["--idle", "3"]);
+        let end = end(&lines);
+        assert_eq!(end["code"], code, "{open}: {lines:?}");
+        let details = end["details"].as_str().unwrap_or_default();
+        assert!(details.contains(says), "{open}: {details}");
+    };
+    refused(
+        json!({"filter": {"sources": ["elsewhere"]}}),
+        "NOT_FOUND",
+        "this feed has no source `elsewhere` (it has: src)",
+    );
+    refused(
+        json!({"filter": {"tables": ["orders"]}}),
+        "INVALID_ARGUMENT",
+        "`public.orders`",
+    );
+    refused(
+        json!({"filter": {"columns": [{"table": "public.orders"}]}}),
+        "INVALID_ARGUMENT",
+        "at least one column",
+    );
+}
+
+#[test]
+fn acknowledged_units_are_not_sent_again_unacknowledged_ones_are() {
+    let f = Fixture::start("CREATE TABLE t (id int PRIMARY KEY)", "", "");
+    let open = json!({"consumer": "billing", "start": earliest()});
+    // The copy's end (the table is empty) is the first unit.
+    let first = f.client.subscribe(&open, &["--units", "1", "--idle", "10"]);
+    assert_eq!(events(&first, "subscribed")[0]["message"]["created"], true);
+    assert_eq!(events(&first, "copy_complete").len(), 1, "{first:?}");
+    for i in 1..=10 {
+        f.pg.psql(&format!("INSERT INTO t VALUES ({i})"));
+    }
+    let ids = |lines: &[Value]| -> Vec<i64> {
+        events(lines, "change")
+            .iter()
+            .filter_map(|c| c["decoded"]["new"]["id"]["int64"].as_i64())
+            .collect()
+    };
+    // Four acknowledged, then a clean close: the next session starts at the fifth.
+    let acked = f.client.subscribe(&open, &["--units", "4"]);
+    assert_eq!(events(&acked, "subscribed")[0]["message"]["created"], false);
+    assert_eq!(ids(&acked), [1, 2, 3, 4]);
+    // Three received, none acknowledged: sent again.
+    let unacked = f
+        .client
+        .subscribe(&open, &["--units", "3", "--ack", "none"]);
+    assert_eq!(ids(&unacked), [5, 6, 7]);
+    let rest = f.client.subscribe(&open, &["--idle", "3"]);
+    assert_eq!(ids(&rest), [5, 6, 7, 8, 9, 10]);
+    let none = f.client.subscribe(&open, &["--idle", "2"]);
+    assert_eq!(ids(&none), Vec::<i64>::new(), "everything was acknowledged");
+
+    // An ephemeral subscriber resumes from a token it received.
+    let token = events(&acked, "commit")[1]["message"]["resume_token"].clone();
+    let resumed = f
+        .client
+        .subscribe(&json!({"start": {"resume_token": token}}), &["--idle", "3"]);
+    assert_eq!(ids(&resumed), [3, 4, 5, 6, 7, 8, 9, 10]);
+    // ... or from an LSN: the first transaction committed after it.
+    let commit = &events(&acked, "commit")[0]["message"];
+    let resumed = f.client.subscribe(
+        &json!({"start": {"lsns": {"lsns": {"src": commit["end_lsn"]}}}}),
+        &["--idle", "3"],
+    );
+    assert_eq!(ids(&resumed), [2, 3, 4, 5, 6, 7, 8, 9, 10]);
+    let refused = f
+        .client
+        .subscribe(&json!({"start": {"resume_token": "bm90IGEgdG9rZW4="}}), &[]);
+    assert_eq!(end(&refused)["code"], "INVALID_ARGUMENT", "{refused:?}");
+}
+
+#[test]
+fn flow_control_holds_back_only_what_is_not_acknowledged() {
+    let f = Fixture::start("CREATE TABLE t (id int PRIMARY KEY)", "", "");
+    f.pg.wait_for_streaming(WAIT);
+    for i in 1..=10 {
+        f.pg.psql(&format!(
+            "BEGIN; INSERT INTO t VALUES ({i}); INSERT INTO t VALUES ({i} + 100); COMMIT"
+        ));
+    }
+    let open = |max_events: u32| json!({"start": {"lsns": {"lsns": {"src": "0/0"}}}, "flow": {"max_events": max_events}});
+    // A window of 3 events: two transactions of two changes fill it
+    // (the second goes while one event of room is left); none is acknowledged.
+    let held = f
+        .client
+        .subscribe(&open(3), &["--ack", "none", "--idle", "3"]);
+    assert_eq!(events(&held, "commit").len(), 2, "{held:?}");
+    // A transaction larger than the window goes whole, alone.
+    let alone = f
+        .client
+        .subscribe(&open(1), &["--ack", "none", "--idle", "3"]);
+    assert_eq!(events(&alone, "commit").len(), 1, "{alone:?}");
+    assert_eq!(events(&alone, "change").len(), 2);
+    // Acknowledging frees the window: everything arrives.
+    let all = f.client.subscribe(&open(1), &["--idle", "3"]);
+    assert_eq!(events(&all, "commit").len(), 10, "{all:?}");
+}
+
+#[test]
+fn durable_consumers_are_managed_with_the_admin_calls_and_have_one_session() {
+    let f = Fixture::start("CREATE TABLE t (id int PRIMARY KEY)", "", "");
+    f.pg.wait_for_streaming(WAIT);
+    f.pg.psql("INSERT INTO t VALUES (1)");
+    let created = f.client.call(
+        "CreateConsumer",
+        &json!({"consumer": "audit", "start": earliest()}),
+    );
+    assert_eq!(created["consumer"], "audit", "{created}");
+    let again = f
+        .client
+        .call("CreateConsumer", &json!({"consumer": "audit"}));
+    assert_eq!(again["error"], "ALREADY_EXISTS", "{again}");
+    let bad = f
+        .client
+        .call("CreateConsumer", &json!({"consumer": "no spaces"}));
+    assert_eq!(bad["error"], "INVALID_ARGUMENT", "{bad}");
+
+    // One session at a time.
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let open = json!({"consumer": "audit"});
+    let reading = f
+        .client
+        .spawn_subscribe(&open, &["--idle", "30"], &dir.path().join("a.jsonl"));
+    reading.wait_for(WAIT, |lines| !events(lines, "commit").is_empty());
+    let second = f.client.subscribe(&open, &[]);
+    assert_eq!(end(&second)["code"], "FAILED_PRECONDITION", "{second:?}");
+    assert!(
+        end(&second)["details"]
+            .as_str()
+            .is_some_and(|d| d.contains("`audit` already has a session")),
+        "{second:?}"
+    );
+    let listed = f.client.call("ListConsumers", &json!({}));
+    let audit = &listed["consumers"][0];
+    assert_eq!(audit["consumer"], "audit", "{listed}");
+    assert_eq!(audit["connected"], true, "{listed}");
+    let seek = f
+        .client
+        .call("Seek", &json!({"consumer": "audit", "start": earliest()}));
+    assert_eq!(
+        seek["error"], "FAILED_PRECONDITION",
+        "not while it has a session: {seek}"
+    );
+    drop(reading);
+
+    // Lag: records and WAL bytes past the consumer's position.
+    f.client
+        .call("Seek", &json!({"consumer": "audit", "start": earliest()}));
+    f.pg.psql("INSERT INTO t VALUES (2)");
+    let lag = || {
+        let listed = f.client.call("ListConsumers", &json!({}));
+        listed["consumers"][0]["positions"][0].clone()
+    };
+    let records = |p: &Value| {
+        p["lag_records"]
+            .as_str()
+            .and_then(|r| r.parse::<u64>().ok())
+    };
+    let deadline = std::time::Instant::now() + WAIT;
+    while records(&lag()) < Some(3) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let position = lag();
+    assert_eq!(position["source"], "src");
+    assert!(
+        records(&position) >= Some(3),
+        "the copy's end and two transactions: {position}"
+    );
+    assert!(
+        position["lag_bytes"].as_str().is_some_and(|b| b != "0"),
+        "{position}"
+    );
+    let moved = f.client.call(
+        "Seek",
+        &json!({"consumer": "audit", "start": {"latest": {}}}),
+    );
+    assert_eq!(
+        moved["positions"][0]["lag_records"], "0",
+        "no lag at latest: {moved}"
+    );
+
+    let deleted = f
+        .client
+        .call("DeleteConsumer", &json!({"consumer": "audit"}));
+    assert_eq!(deleted, json!({}));
+    assert_eq!(
+        f.client.call("ListConsumers", &json!({})),
+        json!({"consumers": []})
+    );
+    let gone = f
+        .client
+        .call("DeleteConsumer", &json!({"consumer": "audit"}));
+    assert_eq!(gone["error"], "NOT_FOUND", "{gone}");
+
+    // Standard health checking and reflection.
+    assert_eq!(f.client.health(""), json!({"status": "SERVING"}));
+    assert_eq!(
+        f.client.health("walbridge.feed.v1.ChangeFeed"),
+        json!({"status": "SERVING"})
+    );
+    let reflected = f.client.reflect();
+    let services = reflected["services"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for service in ["walbridge.feed.v1.ChangeFeed", "grpc.health.v1.Health"] {
+        assert!(services.contains(&json!(service)), "{reflected}");
+    }
+    assert_eq!(
+        reflected["methods"]["Subscribe"]["input"],
+        "walbridge.feed.v1.SubscribeRequest"
+    );
+}

@@ -51,6 +51,17 @@ impl Filter {
         let Some(filter) = filter else {
             return Ok(Filter::default());
         };
+        let patterns = filter.columns.iter().map(|c| &c.table);
+        if let Some(bare) = filter
+            .tables
+            .iter()
+            .chain(patterns)
+            .find(|t| !t.contains('.') && *t != "*")
+        {
+            return Err(FeedError::Invalid(format!(
+                "filter: table pattern `{bare}` names no schema: write `schema.table` (`public.{bare}`, or `*.{bare}` for any schema)"
+            )));
+        }
         let operations = filter
             .operations
             .iter()

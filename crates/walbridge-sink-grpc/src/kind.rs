@@ -173,10 +173,18 @@ impl SinkRun for GrpcRun {
             health
                 .set_serving::<pb::change_feed_server::ChangeFeedServer<FeedService>>()
                 .await;
-            let reflection = tonic_reflection::server::Builder::configure()
-                .register_encoded_file_descriptor_set(pb::DESCRIPTORS)
-                .build_v1()
-                .map_err(|e| SinkFailure::permanent(format!("the feed's descriptors: {e}")))?;
+            // Both versions of reflection: grpcurl asks for v1 first, many
+            // clients (Python's grpcio-reflection, Postman) only know v1alpha.
+            let reflection = || {
+                tonic_reflection::server::Builder::configure()
+                    .register_encoded_file_descriptor_set(pb::DESCRIPTORS)
+                    .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            };
+            let descriptors = |e: tonic_reflection::server::Error| {
+                SinkFailure::permanent(format!("the feed's descriptors: {e}"))
+            };
+            let reflection_v1alpha = reflection().build_v1alpha().map_err(descriptors)?;
+            let reflection = reflection().build_v1().map_err(descriptors)?;
             let service =
                 pb::change_feed_server::ChangeFeedServer::new(FeedService { feed: feed.clone() });
             // The runtime closes the channel when the sink is to stop.
@@ -192,6 +200,7 @@ impl SinkRun for GrpcRun {
                 .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
                 .add_service(health_service)
                 .add_service(reflection)
+                .add_service(reflection_v1alpha)
                 .add_service(service)
                 .serve_with_incoming_shutdown(
                     tokio_stream::wrappers::TcpListenerStream::new(listener),
