@@ -16,10 +16,11 @@ fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("grpc/feed_client.py")
 }
 
-/// The `[[sink]]` section of a change feed named `feed` on any free
-/// loopback port (see [`address`]), with more keys `extra`.
-pub fn sink(extra: &str) -> String {
-    format!("[[sink]]\nname = \"feed\"\ntype = \"grpc\"\nlisten = \"127.0.0.1:0\"\n{extra}\n")
+/// The `[[sink]]` section of a change feed named `feed` listening on
+/// `listen` (`127.0.0.1:0`: any free port, see [`address`]), with more
+/// keys `extra`.
+pub fn sink(listen: &str, extra: &str) -> String {
+    format!("[[sink]]\nname = \"feed\"\ntype = \"grpc\"\nlisten = \"{listen}\"\n{extra}\n")
 }
 
 /// The address the feed of the walbridge running in `deployment` serves

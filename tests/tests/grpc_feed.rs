@@ -7,10 +7,12 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use walbridge_tests::Cluster;
 use walbridge_tests::feed::{self, Client, earliest, end, envelopes, events};
-use walbridge_tests::fixtures::{TYPES_ROW, TYPES_SCHEMA};
+use walbridge_tests::fixtures::{
+    Rng, TYPES_ROW, TYPES_SCHEMA, WORKLOAD_SCHEMA, assert_replays_to_publisher, write_while_killing,
+};
 use walbridge_tests::walbridge::{Deployment, Running};
+use walbridge_tests::{Cluster, free_port};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -24,12 +26,18 @@ struct Fixture {
 }
 
 impl Fixture {
+    /// The feed on any free port, sink keys `extra`.
     fn start(schema: &str, source_extra: &str, extra: &str) -> Fixture {
+        Fixture::start_with(schema, source_extra, &feed::sink("127.0.0.1:0", extra))
+    }
+
+    /// The configuration's `sinks` part (the feed's section and more) verbatim.
+    fn start_with(schema: &str, source_extra: &str, sinks: &str) -> Fixture {
         let pg = Cluster::start();
         pg.psql(schema);
         pg.psql("CREATE PUBLICATION pub FOR ALL TABLES");
         let wb = Deployment::new();
-        wb.configure_sinks(&pg.superuser(), &["pub"], source_extra, &feed::sink(extra));
+        wb.configure_sinks(&pg.superuser(), &["pub"], source_extra, sinks);
         let running = wb.start();
         let client = Client::new(&feed::address(&wb, 0, WAIT));
         Fixture {
@@ -40,15 +48,25 @@ impl Fixture {
         }
     }
 
-    /// Kills walbridge (SIGKILL) and starts it again; the client follows
-    /// the feed to its new address.
-    fn kill_and_restart(&mut self) {
-        if let Some(running) = self.running.take() {
-            running.kill();
+    /// Segment files in the source's log.
+    fn segments(&self) -> usize {
+        std::fs::read_dir(self.wb.path().join("data/sources/src/log"))
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok())
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "seg"))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    /// Waits until the log has at most `most` segments; returns how many it has.
+    fn wait_for_segments_at_most(&self, most: usize) -> usize {
+        let deadline = std::time::Instant::now() + WAIT;
+        while self.segments() > most && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
         }
-        let seen = self.wb.log().len();
-        self.running = Some(self.wb.start());
-        self.client = Client::new(&feed::address(&self.wb, seen, WAIT));
+        self.segments()
     }
 }
 
@@ -556,5 +574,188 @@ fn durable_consumers_are_managed_with_the_admin_calls_and_have_one_session() {
     assert_eq!(
         reflected["methods"]["Subscribe"]["input"],
         "walbridge.feed.v1.SubscribeRequest"
+    );
+}
+
+#[test]
+fn a_durable_consumer_misses_nothing_when_walbridge_is_killed() {
+    let port = free_port();
+    let mut f = Fixture::start_with(
+        WORKLOAD_SCHEMA,
+        "",
+        &feed::sink(&format!("127.0.0.1:{port}"), ""),
+    );
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    // A consumer that acknowledges every transaction as it goes and
+    // reconnects whenever the feed goes away, to the same port.
+    let subscriber = f.client.spawn_subscribe(
+        &json!({"consumer": "app", "start": earliest()}),
+        &["--reconnect", "60", "--idle", "20"],
+        &dir.path().join("app.jsonl"),
+    );
+    subscriber.wait_for(WAIT, |lines| !events(lines, "copy_complete").is_empty());
+    let seed = 17;
+    let running = f.running.take().unwrap_or_else(|| panic!("not running"));
+    let reconnects = || {
+        subscriber
+            .lines()
+            .iter()
+            .filter(|l| l.get("reconnect").is_some())
+            .count()
+    };
+    let (running, kills, written) = write_while_killing(
+        &f.pg,
+        &f.wb,
+        running,
+        (20, 10),
+        &mut Rng::new(seed),
+        700,
+        || {},
+        || reconnects() >= 5,
+    );
+    f.running = Some(running);
+    let lines = subscriber.finish(Duration::from_secs(180));
+    let context = format!("seed {seed}, {kills} kills, {written} transactions");
+    assert_eq!(
+        end(&lines)["reason"],
+        "idle",
+        "{context}: {:?}",
+        end(&lines)
+    );
+    let reconnected = lines
+        .iter()
+        .filter(|l| l.get("reconnect").is_some())
+        .count();
+    assert!(reconnected >= 5, "the subscriber saw the kills: {context}");
+
+    // A transaction sent again after a kill (its acknowledgement not yet
+    // stored) is the same transaction: consumers deduplicate by event id.
+    let mut seen = std::collections::BTreeMap::new();
+    let mut unique = Vec::new();
+    let mut duplicates = 0;
+    for (line, envelope) in events(&lines, "change").into_iter().zip(envelopes(&lines)) {
+        let id = line["decoded"]["id"].to_string();
+        match seen.get(&id) {
+            Some(first) => {
+                assert_eq!(
+                    first, &envelope,
+                    "event {id} sent twice differently; {context}"
+                );
+                duplicates += 1;
+            }
+            None => {
+                seen.insert(id, envelope.clone());
+                unique.push(envelope);
+            }
+        }
+    }
+    eprintln!(
+        "{context}: {} changes, {duplicates} sent again after a kill",
+        unique.len()
+    );
+    // Within each session, commits only go forward.
+    let mut last = 0;
+    for line in &lines {
+        if line.get("reconnect").is_some() || line["event"] == "subscribed" {
+            last = 0;
+        } else if line["event"] == "commit" {
+            let at = lsn(&line["message"]["commit_lsn"]);
+            assert!(at > last, "commits out of order: {line}; {context}");
+            last = at;
+        }
+    }
+    let unique: Vec<&Value> = unique.iter().collect();
+    assert_replays_to_publisher(&f.pg, &unique, &context);
+}
+
+#[test]
+fn the_log_is_kept_for_a_durable_consumer_until_it_acknowledges_within_retention() {
+    let f = Fixture::start_with(
+        "CREATE TABLE t (id int PRIMARY KEY, pad text)",
+        "",
+        &format!(
+            "{}\n[log]\nsegment_size = \"64KiB\"\n",
+            feed::sink("127.0.0.1:0", "retention = \"3s\"")
+        ),
+    );
+    f.pg.wait_for_streaming(WAIT);
+    let created = f
+        .client
+        .call("CreateConsumer", &json!({"consumer": "slow"}));
+    assert_eq!(created["consumer"], "slow", "{created}");
+    let write = |from: i64| {
+        for chunk in 0..10 {
+            let first = from + chunk * 100;
+            f.pg.psql(&format!(
+                "INSERT INTO t SELECT g, repeat('x', 300) FROM generate_series({first}, {}) g",
+                first + 99
+            ));
+        }
+    };
+    // 1,000 rows of 300 bytes: about five segments, all kept for `slow`.
+    write(0);
+    let deadline = std::time::Instant::now() + WAIT;
+    while f.segments() < 5 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Time for the sink to have let go of anything it would.
+    std::thread::sleep(Duration::from_secs(1));
+    let kept = f.segments();
+    assert!(
+        kept >= 5,
+        "{kept} segments: the log keeps what `slow` has not acknowledged"
+    );
+    let read = f
+        .client
+        .subscribe(&json!({"consumer": "slow"}), &["--idle", "3"]);
+    assert_eq!(events(&read, "change").len(), 1000);
+    assert!(
+        f.wait_for_segments_at_most(2) <= 2,
+        "once acknowledged, the segments go ({} left)",
+        f.segments()
+    );
+
+    // Past retention, the log no longer waits: the consumer is told, not
+    // given a gap.
+    write(1000);
+    std::thread::sleep(Duration::from_secs(4));
+    write(2000);
+    assert!(
+        f.wait_for_segments_at_most(kept - 1) < kept,
+        "segments older than retention are removed although `slow` did not acknowledge them"
+    );
+    let late = f
+        .client
+        .subscribe(&json!({"consumer": "slow"}), &["--idle", "3"]);
+    let refused = end(&late);
+    assert_eq!(refused["code"], "OUT_OF_RANGE", "{late:?}");
+    let details = refused["details"].as_str().unwrap_or_default();
+    assert!(
+        details.contains("durable consumer `slow` is at LSN")
+            && details.contains("but the log now starts after LSN")
+            && details.contains("Seek"),
+        "{details}"
+    );
+    assert!(
+        events(&late, "change").is_empty(),
+        "nothing sent past a gap"
+    );
+    // Moved to what the log holds, it reads on.
+    let moved = f
+        .client
+        .call("Seek", &json!({"consumer": "slow", "start": earliest()}));
+    assert_eq!(moved["consumer"], "slow", "{moved}");
+    let rest = f
+        .client
+        .subscribe(&json!({"consumer": "slow"}), &["--idle", "3"]);
+    let ids: Vec<i64> = events(&rest, "change")
+        .iter()
+        .filter_map(|c| c["decoded"]["new"]["id"]["int64"].as_i64())
+        .collect();
+    assert!(
+        ids.last() == Some(&2999) && ids.windows(2).all(|w| w[1] == w[0] + 1),
+        "from the oldest record held to the end, in order: {} rows from {:?}",
+        ids.len(),
+        ids.first()
     );
 }

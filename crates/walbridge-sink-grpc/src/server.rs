@@ -28,8 +28,10 @@ const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
 const MIN_HEARTBEAT: Duration = Duration::from_millis(10);
 /// Messages a session may have queued for the transport.
 const SESSION_QUEUE: usize = 256;
-/// How often the retention bound is looked up again.
-const RETENTION_REFRESH: Duration = Duration::from_secs(10);
+/// How often the retention bound is looked up again: a quarter of the
+/// retention, within these bounds.
+const RETENTION_REFRESH: (Duration, Duration) =
+    (Duration::from_millis(100), Duration::from_secs(10));
 
 /// What the service serves: the sink's logs and its durable consumers.
 pub(crate) struct Feed {
@@ -251,8 +253,9 @@ impl Feed {
         let mut floors = Vec::new();
         let mut refreshed = None::<Instant>;
         let mut stopping = self.stopping.clone();
+        let refresh = (self.retention / 4).clamp(RETENTION_REFRESH.0, RETENTION_REFRESH.1);
         loop {
-            if refreshed.is_none_or(|t| t.elapsed() >= RETENTION_REFRESH) {
+            if refreshed.is_none_or(|t| t.elapsed() >= refresh) {
                 let feed = self.clone();
                 floors = tokio::task::spawn_blocking(move || {
                     feed.logs
@@ -274,7 +277,7 @@ impl Feed {
             tokio::select! {
                 _ = held.changed() => {}
                 _ = head_moved => {}
-                _ = tokio::time::sleep(RETENTION_REFRESH) => {}
+                _ = tokio::time::sleep(refresh) => {}
                 _ = stopping.wait_for(|s| *s) => return,
             }
         }
