@@ -30,7 +30,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 
-use crate::config::{AdminConfig, AdminToken};
+use walbridge_core::BearerToken;
+
+use crate::config::AdminConfig;
 use crate::error::RuntimeError;
 use crate::page::History;
 use crate::status::Observed;
@@ -282,13 +284,16 @@ impl axum::serve::Listener for TlsListener {
 }
 
 /// Lets a request through only with the bearer token.
-async fn authorize(State(token): State<Arc<AdminToken>>, request: Request, next: Next) -> Response {
+async fn authorize(
+    State(token): State<Arc<BearerToken>>,
+    request: Request,
+    next: Next,
+) -> Response {
     let given = request
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
-    if given.is_some_and(|given| token.matches(given.trim())) {
+        .and_then(|value| value.to_str().ok());
+    if token.authorizes(given) {
         next.run(request).await
     } else {
         (

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Deserialize;
-use walbridge_core::DurationText;
+use walbridge_core::{BearerToken, DurationText};
 use walbridge_sink::{ConfigContext, SinkConfig, SinkKind};
 use walbridge_source::SourceConfig;
 
@@ -61,7 +61,7 @@ pub struct AdminConfig {
     pub tls_key: Option<PathBuf>,
     /// A bearer token every path but `/healthz` and `/readyz` requires;
     /// meant to come from the environment: `token = "${WALBRIDGE_ADMIN_TOKEN}"`.
-    pub token: Option<AdminToken>,
+    pub token: Option<BearerToken>,
 }
 
 impl Default for AdminConfig {
@@ -87,38 +87,13 @@ impl AdminConfig {
         if self.tls_cert.is_some() != self.tls_key.is_some() {
             problems.push("[admin] tls_cert and tls_key go together: set both or neither".into());
         }
-        if self.token.as_ref().is_some_and(|t| t.0.is_empty()) {
+        if self.token.as_ref().is_some_and(BearerToken::is_empty) {
             problems.push(
                 "[admin] token is empty (is the variable it names set?); remove it for no token"
                     .into(),
             );
         }
         problems
-    }
-}
-
-/// The admin endpoint's bearer token; never printed.
-#[derive(Clone, Deserialize)]
-#[serde(transparent)]
-pub struct AdminToken(String);
-
-impl AdminToken {
-    /// Whether `given` is the token, in time that does not depend on
-    /// where they differ.
-    pub fn matches(&self, given: &str) -> bool {
-        let (a, b) = (self.0.as_bytes(), given.as_bytes());
-        a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
-    }
-
-    /// The token, for a client's `Authorization` header.
-    pub fn reveal(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for AdminToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("AdminToken(…)")
     }
 }
 

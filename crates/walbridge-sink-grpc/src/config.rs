@@ -1,10 +1,11 @@
 //! `type = "grpc"`: the sink's configuration.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
-use walbridge_core::DurationText;
+use walbridge_core::{BearerToken, DurationText};
 
 fn default_retention() -> DurationText {
     DurationText(Duration::from_secs(7 * 24 * 3600))
@@ -39,6 +40,18 @@ pub struct GrpcSinkConfig {
     /// say. Others are created on first use or with `CreateConsumer`.
     #[serde(default)]
     pub consumers: Vec<String>,
+    /// A PEM certificate (chain) to serve the feed over TLS only, with
+    /// `tls_key`.
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificates: with it, a client must present a certificate
+    /// one of them signed (mutual TLS).
+    pub tls_client_ca: Option<PathBuf>,
+    /// A bearer token every call but the health check must carry
+    /// (`authorization: Bearer <token>` metadata); meant to come from the
+    /// environment: `token = "${WALBRIDGE_FEED_TOKEN}"`.
+    pub token: Option<BearerToken>,
 }
 
 impl GrpcSinkConfig {
@@ -61,6 +74,24 @@ impl GrpcSinkConfig {
         if self.retention.0.is_zero() {
             problems.push(format!(
                 "sink `{}`: retention must be more than 0 (e.g. 24h or 7d)",
+                self.name
+            ));
+        }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            problems.push(format!(
+                "sink `{}`: tls_cert and tls_key go together: set both or neither",
+                self.name
+            ));
+        }
+        if self.tls_client_ca.is_some() && self.tls_cert.is_none() {
+            problems.push(format!(
+                "sink `{}`: tls_client_ca needs TLS: set tls_cert and tls_key too",
+                self.name
+            ));
+        }
+        if self.token.as_ref().is_some_and(BearerToken::is_empty) {
+            problems.push(format!(
+                "sink `{}`: token is empty (is the variable it names set?); remove it for no token",
                 self.name
             ));
         }

@@ -5,12 +5,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
+use tonic::service::interceptor::InterceptedService;
 use walbridge_sink::{
     BoxFuture, CheckScope, ConfigContext, CursorPosition, Health, Reading, Routed, Sink,
     SinkConfig, SinkFailure, SinkKind, SinkRun, SourceLog, Visibility,
 };
 
 use crate::GrpcSinkConfig;
+use crate::access::{self, Authorize};
 use crate::consumers::Consumers;
 use crate::pb;
 use crate::server::{Feed, FeedService};
@@ -56,11 +58,24 @@ impl SinkConfig for GrpcSinkConfig {
 
     fn check<'a>(&'a self, _: &'a CheckScope<'a>) -> BoxFuture<'a, Health> {
         Box::pin(async move {
-            match self.listen_address() {
+            let checked = self
+                .listen_address()
+                .and_then(|address| access::server(self).map(|_| address));
+            match checked {
                 Ok(address) => Health {
                     ready: vec![format!(
-                        "sink `{}`: the change feed will listen on {address}",
-                        self.name
+                        "sink `{}`: the change feed will listen on {address}{}{}",
+                        self.name,
+                        match (&self.tls_cert, &self.tls_client_ca) {
+                            (None, _) => "",
+                            (Some(_), None) => " over TLS",
+                            (Some(_), Some(_)) => " over TLS, with client certificates",
+                        },
+                        if self.token.is_some() {
+                            ", with a token"
+                        } else {
+                            ""
+                        },
                     )],
                     problems: Vec::new(),
                 },
@@ -144,6 +159,8 @@ impl SinkRun for GrpcRun {
                 logs,
             } = *self;
             let address = config.listen_address().map_err(SinkFailure::permanent)?;
+            let server = access::server(&config).map_err(SinkFailure::permanent)?;
+            let authorize = Authorize::new(&config);
             let (stop, stopping) = watch::channel(false);
             let feed = Arc::new(Feed::new(
                 config.name.clone(),
@@ -185,8 +202,10 @@ impl SinkRun for GrpcRun {
             };
             let reflection_v1alpha = reflection().build_v1alpha().map_err(descriptors)?;
             let reflection = reflection().build_v1().map_err(descriptors)?;
-            let service =
-                pb::change_feed_server::ChangeFeedServer::new(FeedService { feed: feed.clone() });
+            let service = pb::change_feed_server::ChangeFeedServer::with_interceptor(
+                FeedService { feed: feed.clone() },
+                authorize.clone(),
+            );
             // The runtime closes the channel when the sink is to stop.
             let closed = async move {
                 while events.recv().await.is_some() {}
@@ -195,12 +214,12 @@ impl SinkRun for GrpcRun {
                     .await;
                 stop.send_replace(true);
             };
-            let served = tonic::transport::Server::builder()
+            let served = server
                 .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
                 .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
                 .add_service(health_service)
-                .add_service(reflection)
-                .add_service(reflection_v1alpha)
+                .add_service(InterceptedService::new(reflection, authorize.clone()))
+                .add_service(InterceptedService::new(reflection_v1alpha, authorize))
                 .add_service(service)
                 .serve_with_incoming_shutdown(
                     tokio_stream::wrappers::TcpListenerStream::new(listener),

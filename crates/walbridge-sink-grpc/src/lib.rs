@@ -46,6 +46,7 @@ pub mod pb {
         include_bytes!(concat!(env!("OUT_DIR"), "/feed_descriptors.bin"));
 }
 
+mod access;
 mod config;
 mod consumers;
 mod encode;
