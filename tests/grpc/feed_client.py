@@ -68,25 +68,49 @@ def load_stubs(work):
             importlib.import_module("walbridge.feed.v1.feed_pb2_grpc"))
 
 
+class Token(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+            grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds `authorization: Bearer <token>` to every call on a channel."""
+
+    def __init__(self, token):
+        self.header = ("authorization", f"Bearer {token}")
+
+    def add(self, details):
+        metadata = list(details.metadata or ()) + [self.header]
+        return details._replace(metadata=metadata)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self.add(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self.add(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):
+        return continuation(self.add(details), requests)
+
+    def intercept_stream_stream(self, continuation, details, requests):
+        return continuation(self.add(details), requests)
+
+
 def channel(args):
-    if not args.ca:
-        return grpc.insecure_channel(args.address)
-    with open(args.ca, "rb") as f:
-        root = f.read()
-    key = cert = None
-    if args.client_cert:
-        with open(args.client_key, "rb") as f:
-            key = f.read()
-        with open(args.client_cert, "rb") as f:
-            cert = f.read()
-    credentials = grpc.ssl_channel_credentials(root, key, cert)
-    return grpc.secure_channel(args.address, credentials)
-
-
-def metadata(args):
+    """A channel to the feed: TLS with --ca (and a client certificate with
+    --client-cert/--client-key), the token of --token-env on every call."""
+    if args.ca:
+        with open(args.ca, "rb") as f:
+            root = f.read()
+        key = cert = None
+        if args.client_cert:
+            with open(args.client_key, "rb") as f:
+                key = f.read()
+            with open(args.client_cert, "rb") as f:
+                cert = f.read()
+        credentials = grpc.ssl_channel_credentials(root, key, cert)
+        opened = grpc.secure_channel(args.address, credentials)
+    else:
+        opened = grpc.insecure_channel(args.address)
     if args.token_env:
-        return (("authorization", f"Bearer {os.environ[args.token_env]}"),)
-    return ()
+        return grpc.intercept_channel(opened, Token(os.environ[args.token_env]))
+    return opened
 
 
 def as_dict(message):
@@ -216,7 +240,7 @@ def session(args, pb, stubs, state, write):
                 return
             yield item
 
-    responses = stub.Subscribe(request_iterator(), metadata=metadata(args), timeout=args.timeout)
+    responses = stub.Subscribe(request_iterator(), timeout=args.timeout)
     decoder = Decoder()
     operation_name = pb.Operation.Name
     # Held while a response is processed (written, then acknowledged), so
@@ -296,7 +320,7 @@ def call(args, pb, stubs, out):
     request_type = getattr(pb, f"{args.method}Request")
     request = json_format.ParseDict(json.loads(args.request or "{}"), request_type())
     try:
-        response = method(request, metadata=metadata(args), timeout=30)
+        response = method(request, timeout=30)
     except grpc.RpcError as e:
         out.write(json.dumps({"error": e.code().name, "details": e.details()}) + "\n")
         return
@@ -307,7 +331,7 @@ def health(args, out):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     stub = health_pb2_grpc.HealthStub(channel(args))
     try:
-        response = stub.Check(health_pb2.HealthCheckRequest(service=args.service), metadata=metadata(args), timeout=10)
+        response = stub.Check(health_pb2.HealthCheckRequest(service=args.service), timeout=10)
     except grpc.RpcError as e:
         out.write(json.dumps({"error": e.code().name, "details": e.details()}) + "\n")
         return
@@ -318,7 +342,11 @@ def reflect(args, out):
     from google.protobuf.descriptor_pool import DescriptorPool
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
     database = ProtoReflectionDescriptorDatabase(channel(args))
-    services = list(database.get_services())
+    try:
+        services = list(database.get_services())
+    except grpc.RpcError as e:
+        out.write(json.dumps({"error": e.code().name, "details": e.details()}) + "\n")
+        return
     pool = DescriptorPool(database)
     service = pool.FindServiceByName("walbridge.feed.v1.ChangeFeed")
     methods = {m.name: {"input": m.input_type.full_name, "output": m.output_type.full_name,

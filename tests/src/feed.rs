@@ -48,6 +48,36 @@ impl Client {
         }
     }
 
+    /// The same client over TLS, trusting the CA certificate `ca`.
+    pub fn with_tls(&self, ca: &Path) -> Client {
+        self.with_options(&["--ca".as_ref(), ca.as_os_str()])
+    }
+
+    /// The same client presenting `certificate` (TLS only).
+    pub fn with_certificate(&self, certificate: &crate::tls::Issued) -> Client {
+        self.with_options(&[
+            "--client-cert".as_ref(),
+            certificate.cert.as_os_str(),
+            "--client-key".as_ref(),
+            certificate.key.as_os_str(),
+        ])
+    }
+
+    /// The same client sending `token` as its bearer token.
+    pub fn with_token(&self, token: &str) -> Client {
+        let mut client = self.with_options(&["--token-env".as_ref(), "FEED_TOKEN".as_ref()]);
+        client.env.push(("FEED_TOKEN".into(), token.into()));
+        client
+    }
+
+    fn with_options(&self, options: &[&std::ffi::OsStr]) -> Client {
+        let mut client = self.clone();
+        client
+            .options
+            .extend(options.iter().map(|o| o.to_string_lossy().into_owned()));
+        client
+    }
+
     fn command(&self, args: &[&str]) -> Command {
         let mut command = Command::new(crate::kafka::python());
         command

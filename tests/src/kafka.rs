@@ -366,13 +366,10 @@ pub fn consume_with_registry(bootstrap: &str, options: &ConsumeOptions<'_>) -> C
 pub struct AuthProxy {
     child: Child,
     port: u16,
-    dir: tempfile::TempDir,
+    authority: crate::tls::Authority,
+    // Holds the authority's files.
+    _dir: tempfile::TempDir,
     requests: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-}
-
-/// Runs `openssl` with `args` in `dir`, failing the test on an error.
-fn openssl(dir: &Path, args: &[&str]) {
-    crate::succeeds(Command::new("openssl").args(args).current_dir(dir));
 }
 
 impl AuthProxy {
@@ -381,66 +378,8 @@ impl AuthProxy {
     pub fn start(upstream: &str, user: &str, password: &str) -> Self {
         use std::io::BufRead as _;
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let path = dir.path();
-        std::fs::write(
-            path.join("leaf.ext"),
-            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let new_key = ["-newkey", "rsa:2048", "-nodes", "-days", "1"];
-        openssl(
-            path,
-            &[
-                &["req", "-x509"],
-                &new_key[..],
-                &[
-                    "-subj",
-                    "/CN=walbridge test CA",
-                    "-keyout",
-                    "ca.key",
-                    "-out",
-                    "ca.pem",
-                ],
-            ]
-            .concat(),
-        );
-        openssl(
-            path,
-            &[
-                &["req"],
-                &new_key[..2],
-                &[
-                    "-nodes",
-                    "-subj",
-                    "/CN=127.0.0.1",
-                    "-keyout",
-                    "leaf.key",
-                    "-out",
-                    "leaf.csr",
-                ],
-            ]
-            .concat(),
-        );
-        openssl(
-            path,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "leaf.csr",
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "1",
-                "-extfile",
-                "leaf.ext",
-                "-out",
-                "leaf.pem",
-            ],
-        );
+        let authority = crate::tls::Authority::new(dir.path());
+        let leaf = authority.issue("leaf", crate::tls::Purpose::Server);
         let port = crate::free_port();
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("kafka/auth_proxy.py");
         let mut child = Command::new(python())
@@ -448,9 +387,9 @@ impl AuthProxy {
             .args(["--port", &port.to_string(), "--upstream", upstream])
             .args(["--user", user, "--password", password])
             .arg("--cert")
-            .arg(path.join("leaf.pem"))
+            .arg(&leaf.cert)
             .arg("--key")
-            .arg(path.join("leaf.key"))
+            .arg(&leaf.key)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("auth proxy: {e}"));
@@ -473,7 +412,8 @@ impl AuthProxy {
         AuthProxy {
             child,
             port,
-            dir,
+            authority,
+            _dir: dir,
             requests,
         }
     }
@@ -485,7 +425,7 @@ impl AuthProxy {
 
     /// The CA certificate the server's certificate is signed with.
     pub fn ca_cert(&self) -> PathBuf {
-        self.dir.path().join("ca.pem")
+        self.authority.cert()
     }
 
     /// The requests served so far: `<method> <path> <status>`.

@@ -19,6 +19,7 @@ pub mod disk;
 pub mod feed;
 pub mod fixtures;
 pub mod kafka;
+pub mod tls;
 pub mod walbridge;
 
 /// The OS user that runs servers when the tests run as root.
@@ -559,64 +560,12 @@ fn append(path: &Path, text: &str) {
         .unwrap_or_else(|e| panic!("write {path:?}: {e}"));
 }
 
-/// A CA and a server certificate for localhost/127.0.0.1, made with the
-/// `openssl` command; key and certificate go into the data directory.
+/// A CA and a server certificate for localhost/127.0.0.1 (see [`tls`]);
+/// key and certificate are copied into the data directory.
 fn make_certificates(dir: &Path, data: &Path) {
-    let openssl = |args: &[&str]| {
-        succeeds(Command::new("openssl").args(args).current_dir(dir));
-    };
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=walbridge test CA",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-    ]);
-    openssl(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=localhost",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-    ]);
-    std::fs::write(
-        dir.join("san.ext"),
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        "san.ext",
-        "-out",
-        "server.crt",
-    ]);
-    for file in ["server.crt", "server.key"] {
-        std::fs::copy(dir.join(file), data.join(file))
-            .unwrap_or_else(|e| panic!("copy {file}: {e}"));
+    let server = tls::Authority::new(dir).issue("server", tls::Purpose::Server);
+    for (from, file) in [(&server.cert, "server.crt"), (&server.key, "server.key")] {
+        std::fs::copy(from, data.join(file)).unwrap_or_else(|e| panic!("copy {file}: {e}"));
     }
     if is_root() {
         let mut c = Command::new("chown");

@@ -11,6 +11,7 @@ use walbridge_tests::Cluster;
 use walbridge_tests::admin::{
     Sample, artifacts_dir, chromium, curl, get, lint_metrics, metrics, value,
 };
+use walbridge_tests::tls::{Authority, Issued, Purpose};
 use walbridge_tests::walbridge::Deployment;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -415,25 +416,8 @@ fn over_tls_a_token_guards_everything_but_the_probes() {
     pg.psql("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE t");
     let wb = Deployment::new();
     wb.configure(&pg, "postgres", "pub", "copy_data = false");
-    let cert = wb.path().join("admin.crt");
-    let key = wb.path().join("admin.key");
-    walbridge_tests::succeeds(
-        std::process::Command::new("openssl")
-            .args([
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-            ])
-            .args(["-nodes", "-days", "1", "-subj", "/CN=walbridge admin"])
-            .args(["-addext", "subjectAltName=IP:127.0.0.1"])
-            .arg("-keyout")
-            .arg(&key)
-            .arg("-out")
-            .arg(&cert),
-    );
+    let authority = Authority::new(wb.path());
+    let Issued { cert, key } = authority.issue("admin", Purpose::Server);
     let mut config = std::fs::read_to_string(wb.config_path()).unwrap_or_default();
     config.push_str(&format!(
         "\n[admin]\ntls_cert = \"{}\"\ntls_key = \"{}\"\ntoken = \"${{ADMIN_TOKEN}}\"\n",
@@ -446,7 +430,7 @@ fn over_tls_a_token_guards_everything_but_the_probes() {
     let admin = wb.admin_address(WAIT);
     pg.wait_for_streaming(WAIT);
 
-    let cacert = cert.display().to_string();
+    let cacert = authority.cert().display().to_string();
     let https = |path: &str, extra: &[&str]| {
         let mut args = vec!["--cacert", cacert.as_str()];
         args.extend(extra);

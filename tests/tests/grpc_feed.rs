@@ -2,7 +2,8 @@
 //! generated from the proto: the initial copy and every kind of change
 //! decoded into the expected values, filters, acknowledgements and
 //! resumption, durable consumers across `kill -9`, the log kept for them
-//! and retention's bound, the admin RPCs, health and reflection.
+//! and retention's bound, the admin RPCs, health and reflection, TLS
+//! with client certificates and the bearer token.
 
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use walbridge_tests::feed::{self, Client, earliest, end, envelopes, events};
 use walbridge_tests::fixtures::{
     Rng, TYPES_ROW, TYPES_SCHEMA, WORKLOAD_SCHEMA, assert_replays_to_publisher, write_while_killing,
 };
+use walbridge_tests::tls::{Authority, Purpose};
 use walbridge_tests::walbridge::{Deployment, Running};
 use walbridge_tests::{Cluster, free_port};
 
@@ -758,4 +760,84 @@ fn the_log_is_kept_for_a_durable_consumer_until_it_acknowledges_within_retention
         ids.len(),
         ids.first()
     );
+}
+
+#[test]
+fn over_tls_only_a_client_with_a_certificate_and_the_token_reads() {
+    let pg = Cluster::start();
+    pg.psql("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION pub FOR ALL TABLES");
+    pg.psql("INSERT INTO t VALUES (1)");
+    let wb = Deployment::new();
+    let authority = Authority::new(wb.path());
+    let server = authority.issue("feed", Purpose::Server);
+    let reader = authority.issue("reader", Purpose::Client);
+    let tls = format!(
+        "tls_cert = \"{}\"\ntls_key = \"{}\"\ntls_client_ca = \"{}\"\ntoken = \"${{FEED_TOKEN}}\"",
+        server.cert.display(),
+        server.key.display(),
+        authority.cert().display()
+    );
+    wb.configure_sinks(
+        &pg.superuser(),
+        &["pub"],
+        "",
+        &feed::sink("127.0.0.1:0", &tls),
+    );
+    let token = [("FEED_TOKEN", "the-feed-secret")];
+    let empty = walbridge_tests::printed(&wb.command_with_env(&["check"], &[("FEED_TOKEN", "")]));
+    assert!(empty.contains("token is empty"), "{empty}");
+    let checked = walbridge_tests::printed(&wb.command_with_env(&["check"], &token));
+    assert!(
+        checked.contains("over TLS, with client certificates, with a token"),
+        "{checked}"
+    );
+    let _running = wb.start_with_env(&token);
+    let address = feed::address(&wb, 0, WAIT);
+    let tls = Client::new(&address).with_tls(&authority.cert());
+    let certified = tls.with_certificate(&reader);
+
+    let allowed = certified.with_token("the-feed-secret");
+    let lines = allowed.subscribe(&json!({"start": earliest()}), &["--units", "1"]);
+    assert_eq!(end(&lines)["end"], "stopped", "{lines:?}");
+    assert_eq!(
+        events(&lines, "rows")[0]["decoded"]["rows"],
+        json!([{"id": {"int64": 1}}]),
+        "{lines:?}"
+    );
+    assert_eq!(
+        allowed.call("ListConsumers", &json!({})),
+        json!({"consumers": []})
+    );
+    assert!(allowed.reflect()["services"].is_array());
+
+    // A wrong or missing token: every call but the health check refused.
+    for refused in [certified.with_token("not-the-secret"), certified.clone()] {
+        let lines = refused.subscribe(&json!({"start": earliest()}), &[]);
+        assert_eq!(end(&lines)["code"], "UNAUTHENTICATED", "{lines:?}");
+        assert!(
+            end(&lines)["details"]
+                .as_str()
+                .is_some_and(|d| d.contains("authorization: Bearer")),
+            "the message says what to send: {lines:?}"
+        );
+        let listed = refused.call("ListConsumers", &json!({}));
+        assert_eq!(listed["error"], "UNAUTHENTICATED", "{listed}");
+        let reflected = refused.reflect();
+        assert_eq!(reflected["error"], "UNAUTHENTICATED", "{reflected}");
+        assert_eq!(refused.health(""), json!({"status": "SERVING"}));
+    }
+
+    // Without a certificate the CA signed, or without TLS, no connection.
+    let stranger_ca = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let stranger = Authority::new(stranger_ca.path()).issue("stranger", Purpose::Client);
+    for refused in [
+        tls.with_token("the-feed-secret"),
+        tls.with_certificate(&stranger)
+            .with_token("the-feed-secret"),
+        Client::new(&address).with_token("the-feed-secret"),
+    ] {
+        let listed = refused.call("ListConsumers", &json!({}));
+        assert_eq!(listed["error"], "UNAVAILABLE", "{listed}");
+        assert_eq!(refused.health("")["error"], "UNAVAILABLE");
+    }
 }
