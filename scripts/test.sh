@@ -9,7 +9,8 @@
 # Installs what is missing (the PostgreSQL 15 server, psql, openssl,
 # OpenSSL headers, curl, chromium, promtool: scripts/machine.sh; nextest;
 # for the kafka sink's tests the broker and Python's confluent-kafka:
-# scripts/kafka-test-env.sh) and is safe to rerun.
+# scripts/kafka-test-env.sh; the Go example's code generators:
+# examples/go-consumer/build.sh, run by the feed's tests) and is safe to rerun.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -29,6 +29,20 @@ pub fn address(deployment: &Deployment, seen: usize, timeout: Duration) -> Strin
     deployment.logged_address(seen, "change feed serving", timeout)
 }
 
+/// The Go example consumer (`examples/go-consumer`), generated from the
+/// proto and built once per test run by its `build.sh`.
+pub fn go_consumer() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let binary = crate::target_dir().join("go-consumer");
+            let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/go-consumer");
+            succeeds(Command::new(example.join("build.sh")).arg(&binary));
+            binary
+        })
+        .clone()
+}
+
 /// A client of one feed.
 #[derive(Clone, Debug)]
 pub struct Client {
@@ -46,6 +60,11 @@ impl Client {
             options: Vec::new(),
             env: Vec::new(),
         }
+    }
+
+    /// The feed's `host:port`.
+    pub fn address(&self) -> String {
+        self.address.clone()
     }
 
     /// The same client over TLS, trusting the CA certificate `ca`.

@@ -841,3 +841,76 @@ fn over_tls_only_a_client_with_a_certificate_and_the_token_reads() {
         assert_eq!(refused.health("")["error"], "UNAVAILABLE");
     }
 }
+
+/// Runs the Go example consumer against the feed at `address` until it is
+/// idle for 3 s; its JSON lines.
+fn run_go_consumer(address: &str, args: &[&str]) -> Vec<Value> {
+    let output = walbridge_tests::succeeds(
+        std::process::Command::new(feed::go_consumer())
+            .args(["-address", address, "-idle", "3s"])
+            .args(args),
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect()
+}
+
+/// The changes among a Go consumer's lines, without their ids.
+fn go_changes(lines: &[Value]) -> Vec<Value> {
+    lines
+        .iter()
+        .filter(|l| l.get("op").is_some())
+        .map(|l| {
+            assert!(
+                l["id"].as_str().is_some_and(|id| id.starts_with("src/")),
+                "{l}"
+            );
+            let mut change = l.clone();
+            change.as_object_mut().map(|o| o.remove("id"));
+            change
+        })
+        .collect()
+}
+
+#[test]
+fn the_go_example_reads_the_copy_and_changes_and_resumes_after_its_acknowledgement() {
+    let f = Fixture::start(
+        "CREATE TABLE t (id int PRIMARY KEY, name text, at timestamptz, doc jsonb, tags int[]);
+         ALTER TABLE t REPLICA IDENTITY FULL;
+         INSERT INTO t VALUES (1, 'one', '2026-12-04 10:00:00.5+00', '{\"a\": [1, 2]}', '{1,2}'),
+                              (2, NULL, NULL, NULL, '{}')",
+        "",
+        "",
+    );
+    let address = f.client.address();
+    let first = run_go_consumer(&address, &["-consumer", "go-audit", "-start", "earliest"]);
+    assert_eq!(
+        go_changes(&first),
+        vec![
+            json!({"op": "read", "table": "public.t", "new": {"id": 1, "name": "one", "at": "2026-12-04T10:00:00.5Z", "doc": {"a": [1, 2]}, "tags": [1, 2]}}),
+            json!({"op": "read", "table": "public.t", "new": {"id": 2, "name": null, "at": null, "doc": null, "tags": []}}),
+        ],
+        "{first:?}"
+    );
+    assert!(first.iter().any(|l| l.get("acked").is_some()), "{first:?}");
+
+    f.pg.psql("INSERT INTO t (id, name) VALUES (3, 'three')");
+    f.pg.psql("UPDATE t SET name = 'uno' WHERE id = 1; DELETE FROM t WHERE id = 2");
+    // The same durable consumer: after its acknowledgements, nothing twice.
+    let second = run_go_consumer(&address, &["-consumer", "go-audit"]);
+    let one = json!({"id": 1, "name": "one", "at": "2026-12-04T10:00:00.5Z", "doc": {"a": [1, 2]}, "tags": [1, 2]});
+    let mut uno = one.clone();
+    uno["name"] = json!("uno");
+    assert_eq!(
+        go_changes(&second),
+        vec![
+            json!({"op": "INSERT", "table": "public.t", "new": {"id": 3, "name": "three", "at": null, "doc": null, "tags": null}}),
+            json!({"op": "UPDATE", "table": "public.t", "new": uno, "old": one}),
+            json!({"op": "DELETE", "table": "public.t", "old": {"id": 2, "name": null, "at": null, "doc": null, "tags": []}}),
+        ],
+        "{second:?}"
+    );
+    let third = run_go_consumer(&address, &["-consumer", "go-audit"]);
+    assert_eq!(go_changes(&third), Vec::<Value>::new(), "{third:?}");
+}
