@@ -3,7 +3,8 @@
 //! decoded into the expected values, filters, acknowledgements and
 //! resumption, durable consumers across `kill -9`, the log kept for them
 //! and retention's bound, the admin RPCs, health and reflection, TLS
-//! with client certificates and the bearer token.
+//! with client certificates and the bearer token, consumer groups, and the
+//! Go example consumer.
 
 use std::time::Duration;
 
@@ -913,4 +914,133 @@ fn the_go_example_reads_the_copy_and_changes_and_resumes_after_its_acknowledgeme
     );
     let third = run_go_consumer(&address, &["-consumer", "go-audit"]);
     assert_eq!(go_changes(&third), Vec::<Value>::new(), "{third:?}");
+}
+
+/// Per key, the values of `v` a member received, in its order: the copy's
+/// and every update's.
+fn values_by_key(lines: &[Value]) -> std::collections::BTreeMap<i64, Vec<i64>> {
+    let mut by_key = std::collections::BTreeMap::<i64, Vec<i64>>::new();
+    for envelope in envelopes(lines) {
+        let after = &envelope["after"];
+        let (Some(id), Some(v)) = (after["id"].as_i64(), after["v"].as_i64()) else {
+            panic!("a row without id and v: {envelope}");
+        };
+        by_key.entry(id).or_default().push(v);
+    }
+    by_key
+}
+
+/// The last assignment a member received.
+fn last_assignment(lines: &[Value]) -> Value {
+    events(lines, "assignment")
+        .last()
+        .map(|l| l["message"].clone())
+        .unwrap_or(Value::Null)
+}
+
+#[test]
+fn a_group_of_three_shares_every_change_exactly_once_across_a_member_leaving() {
+    const KEYS: i64 = 60;
+    let f = Fixture::start(
+        &format!(
+            "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL);
+             INSERT INTO t SELECT g, 0 FROM generate_series(1, {KEYS}) g"
+        ),
+        "",
+        "",
+    );
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let open = json!({"consumer": "workers", "group": {"partitions": 12}, "start": earliest()});
+    let member = |name: &str, options: &[&str]| {
+        f.client
+            .spawn_subscribe(&open, options, &dir.path().join(format!("{name}.jsonl")))
+    };
+    let a = member("a", &["--idle", "15"]);
+    let b = member("b", &["--idle", "15"]);
+    // C leaves after 40 transactions, while the writes go on.
+    let c = member("c", &["--idle", "15", "--units", "40"]);
+    for m in [&a, &b, &c] {
+        m.wait_for(WAIT, |lines| last_assignment(lines)["members"] == 3);
+    }
+    let listed = f.client.call("ListConsumers", &json!({}));
+    assert_eq!(listed["consumers"][0]["members"], 3, "{listed}");
+    let alone = f.client.subscribe(&json!({"consumer": "workers"}), &[]);
+    assert_eq!(end(&alone)["code"], "FAILED_PRECONDITION", "{alone:?}");
+    assert!(
+        end(&alone)["details"]
+            .as_str()
+            .is_some_and(|d| d.contains("is a consumer group")),
+        "{alone:?}"
+    );
+    assert_eq!(listed["consumers"][0]["partitions"], 12, "{listed}");
+
+    // Transactions of updates to two keys each: every key's `v` counts
+    // its updates, so each member's sequence per key must be 1, 2, 3, ...
+    let mut rng = Rng::new(17);
+    let mut script = String::new();
+    for _ in 0..400 {
+        let (k1, k2) = (rng.next(KEYS as u64) + 1, rng.next(KEYS as u64) + 1);
+        script.push_str(&format!(
+            "BEGIN; UPDATE t SET v = v + 1 WHERE id = {k1}; UPDATE t SET v = v + 1 WHERE id = {k2}; COMMIT;\n"
+        ));
+    }
+    f.pg.psql(&script);
+
+    let c = c.finish(WAIT);
+    assert_eq!(
+        end(&c)["reason"],
+        "units",
+        "C left on its own: {:?}",
+        end(&c)
+    );
+    let (a, b) = (a.finish(WAIT * 2), b.finish(WAIT * 2));
+    for lines in [&a, &b] {
+        assert_eq!(end(lines)["end"], "stopped", "{:?}", end(lines));
+        assert_eq!(
+            last_assignment(lines)["members"],
+            2,
+            "rebalanced after C left"
+        );
+    }
+
+    // Every member's partitions are its own: a key is read by one member
+    // at a time, and across members every value arrives exactly once.
+    let publisher: std::collections::BTreeMap<i64, i64> =
+        f.pg.psql("SELECT id || ' ' || v FROM t")
+            .lines()
+            .filter_map(|line| {
+                let (id, v) = line.split_once(' ')?;
+                Some((id.parse().ok()?, v.parse().ok()?))
+            })
+            .collect();
+    assert_eq!(publisher.len(), KEYS as usize);
+    let members = [values_by_key(&a), values_by_key(&b), values_by_key(&c)];
+    for (id, last) in &publisher {
+        let mut received: Vec<i64> = Vec::new();
+        for (m, by_key) in members.iter().enumerate() {
+            if let Some(values) = by_key.get(id) {
+                assert!(
+                    values.windows(2).all(|w| w[0] < w[1]),
+                    "member {m} received key {id} out of order: {values:?}"
+                );
+                received.extend(values);
+            }
+        }
+        received.sort_unstable();
+        assert_eq!(
+            received,
+            (0..=*last).collect::<Vec<_>>(),
+            "key {id}: its copy and every update exactly once"
+        );
+    }
+    let keys_of = |m: usize| {
+        members[m]
+            .keys()
+            .copied()
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    assert!(
+        (0..3).all(|m| !keys_of(m).is_empty()),
+        "every member had partitions"
+    );
 }

@@ -7,8 +7,13 @@
 //! rows before it. A source the file does not name yet (one added to the
 //! configuration since) is read from where the consumer was created to
 //! start: the log's beginning or its end at the time.
+//!
+//! A consumer group's file also holds each partition's positions; the
+//! cursor positions are then, per source, the least advanced partition's,
+//! so what the log keeps for the consumer is what its slowest partition
+//! needs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
@@ -40,19 +45,68 @@ struct Extra {
     copied_rows: BTreeMap<String, u64>,
     /// Unix microseconds of the last acknowledgement (or creation, or seek).
     acknowledged_at: i64,
+    /// A group's positions, per partition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    partitions: Option<Vec<Vec<TokenPosition>>>,
 }
 
 /// One durable consumer.
 #[derive(Clone, Debug)]
 pub(crate) struct Consumer {
-    /// Per source, where it resumes.
+    /// Per source, where it resumes (a group: its least advanced partition).
     pub positions: Vec<TokenPosition>,
+    /// A group's positions, per partition and source.
+    pub partitions: Option<Vec<Vec<TokenPosition>>>,
     /// Where it reads a source it has no position in.
     pub origin: Origin,
     /// When it last acknowledged (or was created, or moved).
     pub acknowledged_at: SystemTime,
+    /// The sessions reading as it: at most one, unless it is a group.
+    pub members: u32,
+}
+
+impl Consumer {
     /// True while a session reads as it.
-    pub connected: bool,
+    pub fn connected(&self) -> bool {
+        self.members > 0
+    }
+
+    /// A group's partition count; 0 when it is not a group.
+    pub fn partition_count(&self) -> u32 {
+        self.partitions.as_ref().map_or(0, |p| p.len() as u32)
+    }
+
+    /// Where partition `partition` of a group resumes.
+    pub fn partition(&self, partition: u32) -> &[TokenPosition] {
+        self.partitions
+            .as_ref()
+            .and_then(|p| p.get(partition as usize))
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// Moves `into` forward to `acked`, source by source.
+    fn advance(into: &mut Vec<TokenPosition>, acked: &[TokenPosition]) {
+        for position in acked {
+            match into.iter_mut().find(|p| p.source == position.source) {
+                Some(p) if p.log == position.log && p.next >= position.next => {}
+                Some(p) => *p = position.clone(),
+                None => into.push(position.clone()),
+            }
+        }
+    }
+
+    /// A group's positions: per source, the least advanced partition's.
+    fn least(partitions: &[Vec<TokenPosition>]) -> Vec<TokenPosition> {
+        let mut least: Vec<TokenPosition> = Vec::new();
+        for position in partitions.iter().flatten() {
+            match least.iter_mut().find(|p| p.source == position.source) {
+                Some(p) if p.next <= position.next => {}
+                Some(p) => *p = position.clone(),
+                None => least.push(position.clone()),
+            }
+        }
+        least
+    }
 }
 
 /// A consumer name: letters, digits, `_`, `-`, `.`, not starting with a
@@ -77,6 +131,10 @@ pub(crate) fn check_name(name: &str) -> Result<(), String> {
 pub(crate) struct Consumers {
     dir: PathBuf,
     known: Mutex<BTreeMap<String, Consumer>>,
+    /// Per consumer, held while its file is read, changed and written
+    /// back, so two changes at once (a group's members acknowledging)
+    /// never undo each other.
+    writers: Mutex<HashMap<String, Arc<Mutex<()>>>>,
 }
 
 /// A session's claim on a durable consumer; released when dropped.
@@ -88,7 +146,7 @@ pub(crate) struct Claim {
 impl Drop for Claim {
     fn drop(&mut self) {
         if let Some(c) = self.consumers.lock().get_mut(&self.name) {
-            c.connected = false;
+            c.members = c.members.saturating_sub(1);
         }
     }
 }
@@ -127,6 +185,7 @@ impl Consumers {
         Ok(Consumers {
             dir: dir.to_owned(),
             known: Mutex::new(known),
+            writers: Mutex::default(),
         })
     }
 
@@ -134,6 +193,13 @@ impl Consumers {
         // A panic while holding it leaves the map consistent: every
         // change to it is one assignment.
         self.known.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Consumer `name`'s writer lock.
+    fn writer(&self, name: &str) -> Arc<Mutex<()>> {
+        // A map of locks: consistent after a panic.
+        let mut writers = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+        writers.entry(name.to_owned()).or_default().clone()
     }
 
     /// Every consumer, by name.
@@ -146,22 +212,25 @@ impl Consumers {
         self.lock().get(name).cloned()
     }
 
-    /// Creates consumer `name` at `positions`, stored before it counts.
+    /// Creates consumer `name` at `positions` (a group of `partitions`
+    /// partitions, each there, when given), stored before it counts.
     pub fn create(
         &self,
         name: &str,
         origin: Origin,
         positions: Vec<TokenPosition>,
+        partitions: Option<u32>,
     ) -> Result<Consumer, FeedError> {
         check_name(name).map_err(FeedError::Invalid)?;
         if self.lock().contains_key(name) {
             return Err(FeedError::ConsumerExists(name.to_owned()));
         }
         let consumer = Consumer {
+            partitions: partitions.map(|n| vec![positions.clone(); n as usize]),
             positions,
             origin,
             acknowledged_at: SystemTime::now(),
-            connected: false,
+            members: 0,
         };
         self.store(name, &consumer)?;
         let mut known = self.lock();
@@ -172,16 +241,27 @@ impl Consumers {
         Ok(consumer)
     }
 
-    /// Takes consumer `name` for a session: refused while another has it.
-    pub fn claim(self: &Arc<Self>, name: &str) -> Result<(Claim, Consumer), FeedError> {
+    /// Takes consumer `name` for a session: a member of its group when
+    /// `member`, else its only session (refused while another has it).
+    pub fn claim(
+        self: &Arc<Self>,
+        name: &str,
+        member: bool,
+    ) -> Result<(Claim, Consumer), FeedError> {
         let mut known = self.lock();
         let consumer = known
             .get_mut(name)
             .ok_or_else(|| FeedError::UnknownConsumer(name.to_owned()))?;
-        if consumer.connected {
+        if member != consumer.partitions.is_some() {
+            return Err(FeedError::GroupMismatch {
+                consumer: name.to_owned(),
+                group: consumer.partitions.is_some(),
+            });
+        }
+        if consumer.connected() && !member {
             return Err(FeedError::ConsumerBusy(name.to_owned()));
         }
-        consumer.connected = true;
+        consumer.members += 1;
         let snapshot = consumer.clone();
         Ok((
             Claim {
@@ -192,27 +272,43 @@ impl Consumers {
         ))
     }
 
-    /// Stores what consumer `name` acknowledged: each position moves
-    /// forward only.
-    pub fn acknowledge(&self, name: &str, acked: &[TokenPosition]) -> Result<(), FeedError> {
+    /// Stores what consumer `name` acknowledged (a group: for
+    /// `partitions`; a source new to the consumer: for all of them): each
+    /// position moves forward only.
+    pub fn acknowledge(
+        &self,
+        name: &str,
+        partitions: &[u32],
+        acked: &[TokenPosition],
+    ) -> Result<(), FeedError> {
+        let writer = self.writer(name);
+        let _writing = writer.lock().unwrap_or_else(|p| p.into_inner());
         let Some(mut consumer) = self.get(name) else {
             return Err(FeedError::UnknownConsumer(name.to_owned()));
         };
-        for position in acked {
-            match consumer
-                .positions
-                .iter_mut()
-                .find(|p| p.source == position.source)
-            {
-                Some(p) if p.log == position.log && p.next >= position.next => {}
-                Some(p) => *p = position.clone(),
-                None => consumer.positions.push(position.clone()),
+        match &mut consumer.partitions {
+            None => Consumer::advance(&mut consumer.positions, acked),
+            Some(all) => {
+                for (p, positions) in all.iter_mut().enumerate() {
+                    let unknown: Vec<TokenPosition> = acked
+                        .iter()
+                        .filter(|a| !positions.iter().any(|p| p.source == a.source))
+                        .cloned()
+                        .collect();
+                    if partitions.contains(&(p as u32)) {
+                        Consumer::advance(positions, acked);
+                    } else {
+                        positions.extend(unknown);
+                    }
+                }
+                consumer.positions = Consumer::least(all);
             }
         }
         consumer.acknowledged_at = SystemTime::now();
         self.store(name, &consumer)?;
         if let Some(c) = self.lock().get_mut(name) {
             c.positions = consumer.positions;
+            c.partitions = consumer.partitions;
             c.acknowledged_at = consumer.acknowledged_at;
         }
         Ok(())
@@ -225,11 +321,16 @@ impl Consumers {
         origin: Origin,
         positions: Vec<TokenPosition>,
     ) -> Result<Consumer, FeedError> {
+        let writer = self.writer(name);
+        let _writing = writer.lock().unwrap_or_else(|p| p.into_inner());
         let mut consumer = self
             .get(name)
             .ok_or_else(|| FeedError::UnknownConsumer(name.to_owned()))?;
-        if consumer.connected {
+        if consumer.connected() {
             return Err(FeedError::ConsumerBusy(name.to_owned()));
+        }
+        if let Some(all) = &mut consumer.partitions {
+            all.fill(positions.clone());
         }
         consumer.positions = positions;
         consumer.origin = origin;
@@ -244,7 +345,7 @@ impl Consumers {
         let mut known = self.lock();
         match known.get(name) {
             None => return Err(FeedError::UnknownConsumer(name.to_owned())),
-            Some(c) if c.connected => return Err(FeedError::ConsumerBusy(name.to_owned())),
+            Some(c) if c.connected() => return Err(FeedError::ConsumerBusy(name.to_owned())),
             Some(_) => {}
         }
         CursorFile::new(&self.dir, name)
@@ -276,6 +377,7 @@ impl Consumers {
                 .map(|p| (p.source.clone(), p.copied_rows))
                 .collect(),
             acknowledged_at: micros,
+            partitions: consumer.partitions.clone(),
         };
         let state = CursorState {
             positions: consumer
@@ -327,10 +429,11 @@ fn from_state(name: &str, dir: &Path, state: CursorState) -> Result<Consumer, Fe
         .collect();
     Ok(Consumer {
         positions,
+        partitions: extra.partitions,
         origin: extra.origin,
         acknowledged_at: SystemTime::UNIX_EPOCH
             + std::time::Duration::from_micros(extra.acknowledged_at.max(0) as u64),
-        connected: false,
+        members: 0,
     })
 }
 
@@ -354,19 +457,21 @@ mod tests {
         let consumers = Arc::new(Consumers::load(dir.path()).unwrap_or_else(|e| panic!("{e}")));
         assert!(consumers.list().is_empty());
         assert!(matches!(
-            consumers.create("bad/name", Origin::Earliest, vec![]),
+            consumers.create("bad/name", Origin::Earliest, vec![], None),
             Err(FeedError::Invalid(_))
         ));
         consumers
-            .create("app", Origin::Earliest, vec![position(3)])
+            .create("app", Origin::Earliest, vec![position(3)], None)
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(matches!(
-            consumers.create("app", Origin::Latest, vec![]),
+            consumers.create("app", Origin::Latest, vec![], None),
             Err(FeedError::ConsumerExists(_))
         ));
-        let (claim, _) = consumers.claim("app").unwrap_or_else(|e| panic!("{e}"));
+        let (claim, _) = consumers
+            .claim("app", false)
+            .unwrap_or_else(|e| panic!("{e}"));
         assert!(matches!(
-            consumers.claim("app"),
+            consumers.claim("app", false),
             Err(FeedError::ConsumerBusy(_))
         ));
         assert!(matches!(
@@ -374,11 +479,11 @@ mod tests {
             Err(FeedError::ConsumerBusy(_))
         ));
         consumers
-            .acknowledge("app", &[position(9)])
+            .acknowledge("app", &[], &[position(9)])
             .unwrap_or_else(|e| panic!("{e}"));
         // An older acknowledgement (a late duplicate) moves nothing back.
         consumers
-            .acknowledge("app", &[position(5)])
+            .acknowledge("app", &[], &[position(5)])
             .unwrap_or_else(|e| panic!("{e}"));
         drop(claim);
 
@@ -388,7 +493,7 @@ mod tests {
             .unwrap_or_else(|| panic!("app was not stored"));
         assert_eq!(app.positions, vec![position(9)]);
         assert_eq!(app.origin, Origin::Earliest);
-        assert!(!app.connected);
+        assert!(!app.connected());
         reloaded.delete("app").unwrap_or_else(|e| panic!("{e}"));
         assert!(
             Consumers::load(dir.path())
@@ -396,5 +501,47 @@ mod tests {
                 .list()
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn a_group_keeps_a_position_per_partition_and_takes_many_members() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let consumers = Arc::new(Consumers::load(dir.path()).unwrap_or_else(|e| panic!("{e}")));
+        consumers
+            .create("workers", Origin::Earliest, vec![position(3)], Some(4))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (one, _) = consumers
+            .claim("workers", true)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (two, _) = consumers
+            .claim("workers", true)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(
+            consumers.claim("workers", false),
+            Err(FeedError::GroupMismatch { group: true, .. })
+        ));
+        consumers
+            .acknowledge("workers", &[0, 2], &[position(9)])
+            .unwrap_or_else(|e| panic!("{e}"));
+        consumers
+            .acknowledge("workers", &[1, 3], &[position(7)])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(consumers.get("workers").map(|c| c.members), Some(2));
+        drop((one, two));
+
+        let reloaded = Consumers::load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let workers = reloaded
+            .get("workers")
+            .unwrap_or_else(|| panic!("workers was not stored"));
+        assert_eq!(workers.partition_count(), 4);
+        assert_eq!(workers.partition(0), [position(9)]);
+        assert_eq!(workers.partition(1), [position(7)]);
+        // What the log keeps for it: its least advanced partition.
+        assert_eq!(workers.positions, vec![position(7)]);
+        reloaded
+            .seek("workers", Origin::Latest, vec![position(20)])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let moved = reloaded.get("workers").unwrap_or_else(|| panic!("gone"));
+        assert!((0..4).all(|p| moved.partition(p) == [position(20)]));
     }
 }

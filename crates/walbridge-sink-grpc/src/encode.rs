@@ -49,6 +49,14 @@ pub(crate) struct Transaction {
     sequence: u64,
 }
 
+impl Transaction {
+    /// Passes over a change another group member receives: it keeps its
+    /// place in the transaction, so event ids are the same for everyone.
+    pub fn skip(&mut self) {
+        self.sequence += 1;
+    }
+}
+
 fn lsn_text(lsn: Lsn) -> String {
     lsn.to_string()
 }
@@ -271,15 +279,15 @@ impl Encoder {
         })
     }
 
-    /// Rows of the copy of `relation` into `out`, the first with sequence
-    /// `first`; `token` goes with the last message. Nothing when the
-    /// filter leaves them out.
+    /// Rows of the copy of `relation` into `out`, each with its sequence
+    /// (a `Rows` message holds consecutive ones); `token` goes with the
+    /// last message. Nothing when the filter leaves them out.
     pub fn rows(
         &mut self,
         source: (usize, &str),
         relation: &Arc<Relation>,
         consistent_point: Lsn,
-        (first, rows): (u64, Vec<Row>),
+        rows: Vec<(u64, Row)>,
         token: bytes::Bytes,
         out: &mut Vec<pb::SubscribeResponse>,
     ) {
@@ -289,18 +297,23 @@ impl Encoder {
         let Some(number) = self.describe(source, relation, out) else {
             return;
         };
-        let mut sequence = first;
         let mut message = Vec::new();
+        let mut first = 0;
         let mut bytes = 0;
         let total = rows.len();
-        for (i, row) in rows.iter().enumerate() {
+        for (i, (sequence, row)) in rows.iter().enumerate() {
+            if message.is_empty() {
+                first = *sequence;
+            }
             bytes += row.iter().map(Datum::len).sum::<usize>();
             message.push(self.row(source.0, relation, row));
             let last = i + 1 == total;
-            if last || message.len() >= ROWS_PER_MESSAGE || bytes >= ROW_BYTES_PER_MESSAGE {
-                let count = message.len() as u64;
+            let gap = rows
+                .get(i + 1)
+                .is_some_and(|(next, _)| *next != sequence + 1);
+            if last || gap || message.len() >= ROWS_PER_MESSAGE || bytes >= ROW_BYTES_PER_MESSAGE {
                 out.push(response(Event::Rows(pb::Rows {
-                    first_id: Some(event_id(source.1, consistent_point, sequence)),
+                    first_id: Some(event_id(source.1, consistent_point, first)),
                     relation: number,
                     rows: std::mem::take(&mut message),
                     resume_token: if last {
@@ -309,7 +322,6 @@ impl Encoder {
                         bytes::Bytes::new()
                     },
                 })));
-                sequence += count;
                 bytes = 0;
             }
         }

@@ -23,6 +23,29 @@ pub enum FeedError {
         "durable consumer `{0}` already has a session; one session per durable consumer: end the other one first, or use another consumer name"
     )]
     ConsumerBusy(String),
+    /// A group joined as a single consumer, or the other way round.
+    #[error("{}", if *group {
+        format!("durable consumer `{consumer}` is a consumer group: open it with `group` set, as one of its members")
+    } else {
+        format!("durable consumer `{consumer}` is not a consumer group: open it without `group`, or create a group under another name")
+    })]
+    GroupMismatch {
+        /// The consumer.
+        consumer: String,
+        /// Whether it is a group.
+        group: bool,
+    },
+    /// A group member that did not acknowledge what it was sent in time
+    /// for a rebalance.
+    #[error(
+        "a member of consumer group `{consumer}` did not acknowledge what it was sent within {seconds} s of a rebalance, and was ended so the others can go on: acknowledge as you process, then reconnect"
+    )]
+    RebalanceTimeout {
+        /// The group.
+        consumer: String,
+        /// The time allowed.
+        seconds: u64,
+    },
     /// No source of that name in the feed.
     #[error("this feed has no source `{source_name}` (it has: {known})")]
     UnknownSource {
@@ -85,7 +108,10 @@ impl FeedError {
             FeedError::Invalid(_) => Code::InvalidArgument,
             FeedError::UnknownConsumer(_) | FeedError::UnknownSource { .. } => Code::NotFound,
             FeedError::ConsumerExists(_) => Code::AlreadyExists,
-            FeedError::ConsumerBusy(_) | FeedError::OtherLog { .. } => Code::FailedPrecondition,
+            FeedError::ConsumerBusy(_)
+            | FeedError::OtherLog { .. }
+            | FeedError::GroupMismatch { .. } => Code::FailedPrecondition,
+            FeedError::RebalanceTimeout { .. } => Code::Aborted,
             FeedError::OutOfRange { .. } => Code::OutOfRange,
             FeedError::Log { .. } | FeedError::Store { .. } => Code::Internal,
             FeedError::Stopping => Code::Unavailable,

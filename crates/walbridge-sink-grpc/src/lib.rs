@@ -52,6 +52,7 @@ mod consumers;
 mod encode;
 mod error;
 mod filter;
+mod group;
 mod kind;
 mod server;
 mod session;

@@ -17,8 +17,9 @@ use crate::consumers::{Claim, Consumer, Consumers, Origin, check_name};
 use crate::encode::{Encoder, respond, timestamp};
 use crate::error::FeedError;
 use crate::filter::Filter;
+use crate::group::{DEFAULT_PARTITIONS, Groups, MAX_PARTITIONS};
 use crate::pb::{self, subscribe_request, subscribe_response::Event};
-use crate::session::{Flow, Session, SessionSource};
+use crate::session::{Flow, Membership, Session, SessionSource};
 use crate::token::{Token, TokenPosition};
 
 /// How long a subscriber has to send `open`.
@@ -39,6 +40,8 @@ pub(crate) struct Feed {
     pub logs: Vec<SourceLog>,
     pub consumers: Arc<Consumers>,
     pub retention: Duration,
+    /// The consumer groups with members connected.
+    groups: Arc<Groups>,
     /// Per open session, its positions as acknowledged (or started).
     sessions: Mutex<HashMap<u64, Vec<TokenPosition>>>,
     next_session: AtomicU64,
@@ -61,6 +64,7 @@ impl Feed {
             logs,
             consumers,
             retention,
+            groups: Arc::default(),
             sessions: Mutex::new(HashMap::new()),
             next_session: AtomicU64::new(1),
             held: watch::Sender::new(()),
@@ -286,7 +290,9 @@ impl Feed {
     fn consumer_message(&self, name: &str, consumer: &Consumer) -> pb::Consumer {
         pb::Consumer {
             consumer: name.to_owned(),
-            connected: consumer.connected,
+            connected: consumer.connected(),
+            partitions: consumer.partition_count(),
+            members: consumer.members,
             positions: consumer
                 .positions
                 .iter()
@@ -318,7 +324,7 @@ impl Feed {
                 let (origin, positions) = self.resolve(Some(&pb::Start {
                     position: Some(pb::start::Position::Earliest(pb::Earliest {})),
                 }))?;
-                self.consumers.create(name, origin, positions)?;
+                self.consumers.create(name, origin, positions, None)?;
                 tracing::info!(sink = %self.sink, consumer = %name, "durable consumer created from the configuration, at the log's start");
             }
         }
@@ -335,7 +341,7 @@ impl Feed {
                 .map(|l| Self::origin_position(l, consumer.origin))
                 .collect::<Result<Vec<_>, _>>()?;
             if !missing.is_empty() {
-                self.consumers.acknowledge(&name, &missing)?;
+                self.consumers.acknowledge(&name, &[], &missing)?;
             }
         }
         Ok(())
@@ -356,31 +362,50 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| e.status())
 }
 
+/// A new group's partitions, as `group` asks; `None` when it is no group.
+fn group_partitions(group: Option<&pb::Group>) -> Result<Option<u32>, FeedError> {
+    match group.map(|g| g.partitions) {
+        None => Ok(None),
+        Some(0) => Ok(Some(DEFAULT_PARTITIONS)),
+        Some(n) if n <= MAX_PARTITIONS => Ok(Some(n)),
+        Some(n) => Err(FeedError::Invalid(format!(
+            "group.partitions: {n} is more than {MAX_PARTITIONS}, the most a group has"
+        ))),
+    }
+}
+
 fn consumer_name(name: &str) -> Result<(), Status> {
     check_name(name).map_err(|e| FeedError::Invalid(format!("consumer: {e}")).status())
 }
 
 /// What a session holds until it ends: its claim on a durable consumer,
-/// its place among the holds.
+/// its place among the holds, its membership of a group.
 struct SessionGuard {
     feed: Arc<Feed>,
     id: u64,
+    /// The group it is a member of.
+    group: Option<String>,
     _claim: Option<Claim>,
 }
 
 impl Drop for SessionGuard {
     fn drop(&mut self) {
         self.feed.sessions().remove(&self.id);
+        if let Some(group) = &self.group {
+            self.feed.groups.leave(group, self.id);
+        }
         self.feed.held.send_replace(());
     }
 }
 
 /// A subscription as opened: the durable consumer claimed (none for an
-/// ephemeral one), whether this open created it, and each source's log
-/// with the position the session starts from.
+/// ephemeral one), whether this open created it, its partitions when it is
+/// a group, and each source's log with the position the session starts
+/// from.
 struct Opened {
     claim: Option<Claim>,
     created: bool,
+    partitions: u32,
     sources: Vec<(SourceLog, TokenPosition)>,
 }
 
@@ -400,9 +425,15 @@ impl FeedService {
         if wanted.is_empty() {
             return Err(FeedError::Invalid("this feed reads no source".into()));
         }
-        let (claim, created, positions, holder) = if open.consumer.is_empty() {
+        let group = group_partitions(open.group.as_ref())?;
+        let (claim, created, partitions, positions, holder) = if open.consumer.is_empty() {
+            if group.is_some() {
+                return Err(FeedError::Invalid(
+                    "open.group needs open.consumer: a group is a durable consumer".into(),
+                ));
+            }
             let (_, positions) = feed.resolve(open.start.as_ref())?;
-            (None, false, positions, "the start position".to_owned())
+            (None, false, 0, positions, "the start position".to_owned())
         } else {
             let name = &open.consumer;
             check_name(name).map_err(|e| FeedError::Invalid(format!("open.consumer: {e}")))?;
@@ -410,7 +441,7 @@ impl FeedService {
                 Some(_) => false,
                 None => {
                     let (origin, positions) = feed.resolve(open.start.as_ref())?;
-                    match feed.consumers.create(name, origin, positions) {
+                    match feed.consumers.create(name, origin, positions, group) {
                         Ok(_) => true,
                         // Created meanwhile by another request: use it.
                         Err(FeedError::ConsumerExists(_)) => false,
@@ -418,7 +449,7 @@ impl FeedService {
                     }
                 }
             };
-            let (claim, consumer) = feed.consumers.claim(name)?;
+            let (claim, consumer) = feed.consumers.claim(name, group.is_some())?;
             let mut positions = consumer.positions.clone();
             for l in &feed.logs {
                 if !positions.iter().any(|p| p.source == l.context.name) {
@@ -428,6 +459,7 @@ impl FeedService {
             (
                 Some(claim),
                 created,
+                consumer.partition_count(),
                 positions,
                 format!("durable consumer `{name}`"),
             )
@@ -446,6 +478,7 @@ impl FeedService {
         Ok(Opened {
             claim,
             created,
+            partitions,
             sources,
         })
     }
@@ -487,8 +520,10 @@ impl pb::change_feed_server::ChangeFeed for FeedService {
         let Opened {
             claim,
             created,
+            partitions,
             sources,
         } = blocking(move || service.open(&opened)).await?;
+        let member = partitions > 0;
         let feed = self.feed.clone();
         let id = feed.next_session.fetch_add(1, Ordering::Relaxed);
         let names: Vec<String> = sources
@@ -501,8 +536,12 @@ impl pb::change_feed_server::ChangeFeed for FeedService {
         let guard = SessionGuard {
             feed: feed.clone(),
             id,
+            group: member.then(|| open.consumer.clone()),
             _claim: claim,
         };
+        if member {
+            feed.groups.join(&open.consumer, id, partitions);
+        }
         let session_sources = sources
             .iter()
             .map(|(l, p)| SessionSource::open(l, p.clone()))
@@ -535,6 +574,14 @@ impl pb::change_feed_server::ChangeFeed for FeedService {
             out: out.clone(),
             cancel: cancelled,
             stopping: feed.stopping.clone(),
+            membership: member.then(|| {
+                Membership::new(
+                    feed.groups.clone(),
+                    feed.consumers.clone(),
+                    open.consumer.clone(),
+                    id,
+                )
+            }),
         };
         let runtime = tokio::runtime::Handle::current();
         std::thread::Builder::new()
@@ -548,6 +595,7 @@ impl pb::change_feed_server::ChangeFeed for FeedService {
             FollowState {
                 guard,
                 consumer: open.consumer.clone(),
+                member,
                 names,
                 flow,
                 cancel,
@@ -566,9 +614,10 @@ impl pb::change_feed_server::ChangeFeed for FeedService {
         let feed = self.feed.clone();
         let consumer = blocking(move || {
             let (origin, positions) = feed.resolve(request.start.as_ref())?;
-            let consumer = feed
-                .consumers
-                .create(&request.consumer, origin, positions)?;
+            let partitions = group_partitions(request.group.as_ref())?;
+            let consumer =
+                feed.consumers
+                    .create(&request.consumer, origin, positions, partitions)?;
             feed.held.send_replace(());
             Ok(feed.consumer_message(&request.consumer, &consumer))
         })
@@ -625,11 +674,21 @@ impl pb::change_feed_server::ChangeFeed for FeedService {
     }
 }
 
+/// An acknowledgement to store.
+#[derive(Clone)]
+struct Pending {
+    partitions: Vec<u32>,
+    positions: Vec<TokenPosition>,
+    frees: Option<Token>,
+}
+
 /// What [`follow`] works with.
 struct FollowState {
     guard: SessionGuard,
     /// The durable consumer, empty when ephemeral.
     consumer: String,
+    /// Whether the session is a member of the consumer's group.
+    member: bool,
     /// The session's sources, in its order.
     names: Vec<String>,
     flow: Arc<Flow>,
@@ -639,11 +698,15 @@ struct FollowState {
 
 /// Follows a subscriber's requests: acknowledgements free its window,
 /// move its hold and (durable) are stored; ends the session when the
-/// subscriber or the feed goes.
+/// subscriber or the feed goes. A group member's acknowledgement frees
+/// its window only once stored, so an empty window means its partitions'
+/// positions are on disk (what a rebalance waits for); one of an earlier
+/// assignment is ignored.
 async fn follow(mut requests: Streaming<pb::SubscribeRequest>, state: FollowState) {
     let FollowState {
         guard,
         consumer,
+        member,
         names,
         flow,
         cancel,
@@ -652,21 +715,32 @@ async fn follow(mut requests: Streaming<pb::SubscribeRequest>, state: FollowStat
     let feed = guard.feed.clone();
     let mut stopping = feed.stopping.clone();
     // The latest acknowledgement not stored yet: stored one at a time,
-    // the newest first, so a fast subscriber waits on no fsync.
-    let (store_tx, mut store_rx) = watch::channel(None::<Vec<TokenPosition>>);
+    // the newest first, so a fast subscriber waits on no fsync. With the
+    // partitions it covers (a group member's) and, for a member, the token
+    // whose window to free once stored.
+    let (store_tx, mut store_rx) = watch::channel(None::<Pending>);
     let storing = (!consumer.is_empty()).then(|| {
         let feed = feed.clone();
         let consumer = consumer.clone();
+        let (flow, names) = (flow.clone(), names.clone());
         tokio::spawn(async move {
             loop {
                 let closed = store_rx.changed().await.is_err();
                 let pending = store_rx.borrow_and_update().clone();
-                if let Some(positions) = pending {
+                if let Some(Pending {
+                    partitions,
+                    positions,
+                    frees,
+                }) = pending
+                {
                     let (consumers, name) = (feed.consumers.clone(), consumer.clone());
                     let stored = tokio::task::spawn_blocking(move || {
-                        consumers.acknowledge(&name, &positions)
+                        consumers.acknowledge(&name, &partitions, &positions)
                     })
                     .await;
+                    if let (Ok(Ok(())), Some(token)) = (&stored, frees) {
+                        flow.acknowledged(&token, &names);
+                    }
                     match stored {
                         Ok(Ok(())) => feed.held.send_replace(()),
                         Ok(Err(e)) => tracing::error!(sink = %feed.sink, "{e}"),
@@ -701,13 +775,23 @@ async fn follow(mut requests: Streaming<pb::SubscribeRequest>, state: FollowStat
                         "ack.resume_token is not a token of this feed",
                     ));
                 };
+                let partitions = if member {
+                    match feed.groups.held(&consumer, guard.id, token.generation) {
+                        Some(partitions) => partitions,
+                        None => continue,
+                    }
+                } else {
+                    Vec::new()
+                };
                 let positions: Vec<TokenPosition> = token
                     .sources
                     .iter()
                     .filter(|p| names.contains(&p.source))
                     .cloned()
                     .collect();
-                flow.acknowledged(&token, &names);
+                if !member {
+                    flow.acknowledged(&token, &names);
+                }
                 if let Some(held) = feed.sessions().get_mut(&guard.id) {
                     for p in &positions {
                         if let Some(h) = held
@@ -720,7 +804,11 @@ async fn follow(mut requests: Streaming<pb::SubscribeRequest>, state: FollowStat
                 }
                 feed.held.send_replace(());
                 if storing.is_some() {
-                    store_tx.send_replace(Some(positions));
+                    store_tx.send_replace(Some(Pending {
+                        partitions,
+                        positions,
+                        frees: member.then_some(token),
+                    }));
                 }
             }
             subscribe_request::Request::Flow(limits) => flow.set_limits(&limits),

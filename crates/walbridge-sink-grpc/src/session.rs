@@ -14,8 +14,13 @@
 //! spans), one record of rows of the initial copy (the copy is written as
 //! one log unit, but its rows are reads: a subscriber may resume between
 //! batches of them), the copy's end, a non-transactional message.
+//!
+//! A group member ([`Membership`]) sends only its partitions' changes,
+//! and of each partition only what comes at or after that partition's
+//! stored position; it reads from the least of them. Between assignments
+//! it sends nothing (see [`crate::group`]).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -25,8 +30,10 @@ use tonic::Status;
 use walbridge_log::{Entry, Log, LogReader, ReadRecord};
 use walbridge_sink::SourceLog;
 
+use crate::consumers::Consumers;
 use crate::encode::{Encoder, Transaction, respond};
 use crate::error::FeedError;
+use crate::group::{Assignment, Groups, REBALANCE_TIMEOUT, Turn, change_partition, row_partition};
 use crate::pb::{self, subscribe_response::Event};
 use crate::token::{Token, TokenPosition};
 
@@ -98,6 +105,11 @@ impl Flow {
         self.changed.send_replace(());
     }
 
+    /// True when nothing sent is unacknowledged.
+    fn is_empty(&self) -> bool {
+        self.lock().sent.is_empty()
+    }
+
     /// True when another unit may be sent: the window has room, or nothing
     /// is in flight (a unit larger than the window goes alone).
     fn has_room(&self) -> bool {
@@ -161,6 +173,58 @@ impl SessionSource {
     }
 }
 
+/// A group member's session: its group, and what it reads now.
+pub(crate) struct Membership {
+    pub groups: Arc<Groups>,
+    pub consumers: Arc<Consumers>,
+    pub consumer: String,
+    /// The session's id, its member id in the group.
+    pub member: u64,
+    /// The assignment read now and, per partition of it, per source (the
+    /// session's order), the first record that partition has not
+    /// acknowledged.
+    reading: Option<(Assignment, HashMap<u32, Vec<u64>>)>,
+    /// Since when it has been draining for a rebalance.
+    draining_since: Option<Instant>,
+}
+
+impl Membership {
+    pub fn new(
+        groups: Arc<Groups>,
+        consumers: Arc<Consumers>,
+        consumer: String,
+        member: u64,
+    ) -> Membership {
+        Membership {
+            groups,
+            consumers,
+            consumer,
+            member,
+            reading: None,
+            draining_since: None,
+        }
+    }
+
+    /// Whether this member sends a change of `partition` in source `i`'s
+    /// unit starting at record `seq`.
+    fn takes(&self, i: usize, seq: u64, partition: u32) -> bool {
+        self.reading
+            .as_ref()
+            .and_then(|(_, from)| from.get(&partition))
+            .is_some_and(|from| from.get(i).is_none_or(|next| seq >= *next))
+    }
+
+    fn count(&self) -> u32 {
+        self.reading.as_ref().map_or(1, |(a, _)| a.count)
+    }
+}
+
+/// Whether a session reads now, as far as its group says.
+enum Go {
+    Read,
+    Again,
+}
+
 /// A session, ready to run.
 pub(crate) struct Session {
     pub sources: Vec<SessionSource>,
@@ -172,6 +236,8 @@ pub(crate) struct Session {
     pub cancel: watch::Receiver<bool>,
     /// Set when the feed stops.
     pub stopping: watch::Receiver<bool>,
+    /// Set when the session is a group member.
+    pub membership: Option<Membership>,
 }
 
 /// Why a session ended without an error to report.
@@ -182,6 +248,11 @@ impl Session {
     fn token(&self) -> bytes::Bytes {
         Token {
             sources: self.sources.iter().map(|s| s.position.clone()).collect(),
+            generation: self
+                .membership
+                .as_ref()
+                .and_then(|m| m.reading.as_ref())
+                .map_or(0, |(a, _)| a.generation),
         }
         .encode()
     }
@@ -219,6 +290,15 @@ impl Session {
             }
             if self.cancelled() {
                 return Ok(());
+            }
+            match self.take_turn(runtime) {
+                Ok(Go::Read) => {}
+                Ok(Go::Again) => {
+                    last_sent = Instant::now();
+                    continue;
+                }
+                Err(Ok(Gone)) => return Ok(()),
+                Err(Err(e)) => return Err(e),
             }
             let due = last_sent + self.heartbeat;
             if Instant::now() >= due {
@@ -281,6 +361,117 @@ impl Session {
         }
     }
 
+    /// What a group member is to do before reading on: nothing (not a
+    /// member, or reading its assignment), start a new assignment, drain,
+    /// or wait for the others.
+    fn take_turn(
+        &mut self,
+        runtime: &tokio::runtime::Handle,
+    ) -> Result<Go, Result<Gone, FeedError>> {
+        let Some(membership) = &mut self.membership else {
+            return Ok(Go::Read);
+        };
+        let mut changed = membership.groups.subscribe();
+        let deadline = match membership
+            .groups
+            .turn(&membership.consumer, membership.member)
+        {
+            Turn::Read(assignment) => {
+                membership.draining_since = None;
+                let current = membership.reading.as_ref().map(|(a, _)| a.generation);
+                if current == Some(assignment.generation) {
+                    return Ok(Go::Read);
+                }
+                self.start_reading(assignment)?;
+                return Ok(Go::Again);
+            }
+            Turn::Drain(generation) => {
+                if self.flow.is_empty() {
+                    membership
+                        .groups
+                        .drained(&membership.consumer, membership.member, generation);
+                    return Ok(Go::Again);
+                }
+                let since = *membership.draining_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= REBALANCE_TIMEOUT {
+                    return Err(Err(FeedError::RebalanceTimeout {
+                        consumer: membership.consumer.clone(),
+                        seconds: REBALANCE_TIMEOUT.as_secs(),
+                    }));
+                }
+                since + REBALANCE_TIMEOUT
+            }
+            // The others are draining; a member that leaves wakes us too.
+            Turn::Wait => Instant::now() + REBALANCE_TIMEOUT,
+        };
+        let mut flow_changed = self.flow.changed.subscribe();
+        let cancel = &mut self.cancel;
+        runtime.block_on(async {
+            tokio::select! {
+                _ = changed.changed() => {}
+                _ = flow_changed.changed() => {}
+                _ = cancel.wait_for(|c| *c) => {}
+                _ = tokio::time::sleep_until(deadline.into()) => {}
+            }
+        });
+        Ok(Go::Again)
+    }
+
+    /// Starts reading `assignment`: each source from the least advanced of
+    /// its partitions' stored positions; tells the subscriber.
+    fn start_reading(&mut self, assignment: Assignment) -> Result<(), Result<Gone, FeedError>> {
+        let Some(membership) = &mut self.membership else {
+            return Ok(());
+        };
+        let consumer = membership
+            .consumers
+            .get(&membership.consumer)
+            .ok_or_else(|| Err(FeedError::UnknownConsumer(membership.consumer.clone())))?;
+        let mut from: HashMap<u32, Vec<u64>> = HashMap::new();
+        for source in &mut self.sources {
+            let held = assignment.partitions.iter().map(|p| {
+                (
+                    *p,
+                    consumer
+                        .partition(*p)
+                        .iter()
+                        .find(|t| t.source == source.name && t.log == source.log.id()),
+                )
+            });
+            let mut least: Option<&TokenPosition> = None;
+            for (p, position) in held {
+                // A partition without a position in this source has read
+                // nothing of it: from where the session is.
+                let next = position.map_or(source.position.next, |t| t.next);
+                from.entry(p).or_default().push(next);
+                if let Some(t) = position
+                    && least.is_none_or(|l| t.next < l.next)
+                {
+                    least = Some(t);
+                }
+            }
+            if let Some(least) = least.cloned() {
+                source.reader = source.log.reader(least.next).map_err(|error| {
+                    Err(FeedError::Log {
+                        source_name: source.name.clone(),
+                        error,
+                    })
+                })?;
+                source.position = least;
+            }
+        }
+        let event = Event::Assignment(pb::Assignment {
+            generation: assignment.generation,
+            partitions: assignment.partitions.clone(),
+            partition_count: assignment.count,
+            members: assignment.members,
+        });
+        tracing::info!(consumer = %membership.consumer, generation = assignment.generation, partitions = ?assignment.partitions, members = assignment.members, "group member assigned");
+        membership.reading = Some((assignment, from));
+        self.send(vec![respond(event)]).map_err(Ok)?;
+        Ok(())
+    }
+
     /// Sends `messages`; what they count against the window.
     fn send(&self, messages: Vec<pb::SubscribeResponse>) -> Result<(u64, u64), Gone> {
         let mut events = 0;
@@ -336,6 +527,14 @@ impl Session {
                 let (mut changes, mut last, mut at) = (changes, last, (seq, lsn));
                 loop {
                     for change in &changes {
+                        if self
+                            .membership
+                            .as_ref()
+                            .is_some_and(|m| !m.takes(i, seq, change_partition(change, m.count())))
+                        {
+                            transaction.skip();
+                            continue;
+                        }
                         self.encoder
                             .change((i, &name), &info, &mut transaction, change, &mut out);
                     }
@@ -385,11 +584,20 @@ impl Session {
                 let copied = first + rows.len() as u64;
                 self.advance(i, seq + 1, lsn, copied);
                 let token = self.token();
+                let numbered = (first..).zip(rows);
+                let rows = match &self.membership {
+                    None => numbered.collect(),
+                    Some(m) => numbered
+                        .filter(|(_, row)| {
+                            m.takes(i, seq, row_partition(&batch.relation, row, m.count()))
+                        })
+                        .collect(),
+                };
                 self.encoder.rows(
                     (i, &name),
                     &batch.relation,
                     batch.consistent_point,
-                    (first, rows),
+                    rows,
                     token,
                     &mut out,
                 );
@@ -406,7 +614,9 @@ impl Session {
             }
             Entry::Message(message) => {
                 self.advance(i, seq + 1, lsn, 0);
-                out.extend(self.encoder.message(&name, &message, self.token()));
+                if self.membership.as_ref().is_none_or(|m| m.takes(i, seq, 0)) {
+                    out.extend(self.encoder.message(&name, &message, self.token()));
+                }
                 count(self, &mut out)?;
             }
         }

@@ -17,10 +17,13 @@ pub struct Token {
     /// One entry per source, in the feed's source order.
     #[prost(message, repeated, tag = "1")]
     pub sources: Vec<TokenPosition>,
+    /// A group member's assignment it was issued under; 0 otherwise.
+    #[prost(uint64, tag = "2")]
+    pub generation: u64,
 }
 
 /// A place in one source's log.
-#[derive(Clone, PartialEq, Eq, Message)]
+#[derive(Clone, PartialEq, Eq, Message, serde::Serialize, serde::Deserialize)]
 pub struct TokenPosition {
     /// The source's name.
     #[prost(string, tag = "1")]
@@ -83,6 +86,7 @@ mod tests {
                 lsn: 0x16_B374_D848,
                 copied_rows: 0,
             }],
+            generation: 3,
         };
         let bytes = token.encode();
         assert_eq!(Token::parse(&bytes), Some(token.clone()));
@@ -97,6 +101,7 @@ mod tests {
                 source: "shop".into(),
                 ..Default::default()
             }],
+            generation: 0,
         };
         assert_eq!(Token::parse(&foreign.encode()), None);
     }
