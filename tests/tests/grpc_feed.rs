@@ -149,13 +149,15 @@ fn the_copy_and_every_kind_of_change_arrive_decoded_in_whole_transactions() {
     assert_eq!(columns.len(), 33);
     assert_eq!(
         columns[0],
-        json!({"name": "id", "type_oid": 23, "type_name": "int4", "key": true})
+        json!({"name": "id", "type_oid": 23, "type_name": "int4", "key": true, "type_modifier": -1})
     );
     assert_eq!(columns[5]["type_name"], "numeric");
     assert_eq!(columns[12]["type_name"], "varchar(10)");
+    assert_eq!(columns[12]["type_modifier"], 14);
     assert_eq!(columns[13]["type_name"], "bpchar(3)");
     assert_eq!(columns[26]["type_name"], "_int4");
     assert_eq!(columns[29]["type_name"], "public.mood");
+    assert_eq!(relation["message"]["primary_key"], json!([0]));
 
     // The stream: one transaction of every kind of change, messages in
     // and outside it (only the `app` prefix asked for).
@@ -234,6 +236,11 @@ fn the_copy_and_every_kind_of_change_arrive_decoded_in_whole_transactions() {
     assert_eq!(
         events(&stream, "commit")[0]["message"]["commit_lsn"],
         commit_lsn
+    );
+    // Known at the begin, for consumers that store a transaction in parts.
+    assert_eq!(
+        begin["end_lsn"],
+        events(&stream, "commit")[0]["message"]["end_lsn"]
     );
 
     // Text forms on request.

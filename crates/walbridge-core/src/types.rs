@@ -142,4 +142,39 @@ impl ValueKind {
             _ => return None,
         })
     }
+
+    /// The classification of an array of a built-in scalar type by the
+    /// array type's OID (`_int4` is 1007), or `None` for other types.
+    pub fn builtin_array(oid: Oid) -> Option<Self> {
+        let element = match oid {
+            1000 => 16,
+            1001 => 17,
+            1002 => 18,
+            1003 => 19,
+            1009 => 25,
+            1014 => 1042,
+            1015 => 1043,
+            1016 => 20,
+            1005 => 21,
+            1007 => 23,
+            1028 => 26,
+            199 => 114,
+            1021 => 700,
+            1022 => 701,
+            1182 => 1082,
+            1183 => 1083,
+            1115 => 1114,
+            1185 => 1184,
+            1187 => 1186,
+            1270 => 1266,
+            1231 => 1700,
+            2951 => 2950,
+            3807 => 3802,
+            _ => return None,
+        };
+        Some(ValueKind::Array {
+            element: Box::new(ValueKind::builtin(element)?),
+            delimiter: b',',
+        })
+    }
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use walbridge_core::{BearerToken, DurationText};
 use walbridge_sink::{ConfigContext, SinkConfig, SinkKind};
+use walbridge_sink_grpc::upstream::FeedSourceConfig;
 use walbridge_source::SourceConfig;
 
 use crate::log_config::LogConfig;
@@ -33,7 +34,7 @@ pub struct Config {
     /// How the log is kept (`[log]`).
     pub log: LogConfig,
     /// The sources (`[[source]]`).
-    pub sources: Vec<SourceConfig>,
+    pub sources: Vec<SourceSpec>,
     /// The sinks (`[[sink]]`); without any, changes go to stdout as JSON lines.
     pub sinks: Vec<Arc<dyn SinkConfig>>,
     /// The schema registry walbridge serves (`[schema_registry]`).
@@ -108,8 +109,9 @@ struct File {
     data_dir: PathBuf,
     #[serde(default)]
     log: LogConfig,
+    /// The sources (`[[source]]`), with where each starts in the file.
     #[serde(rename = "source", default)]
-    sources: Vec<SourceConfig>,
+    sources: Vec<toml::Spanned<toml::Table>>,
     /// The sinks (`[[sink]]`), with where each starts in the file.
     #[serde(rename = "sink", default)]
     sinks: Vec<toml::Spanned<toml::Table>>,
@@ -170,16 +172,25 @@ impl Config {
         kinds: &[&dyn SinkKind],
     ) -> Result<Config, ConfigError> {
         let expanded = expand_env(text, &env)?;
-        let mut file: File = toml::from_str(&expanded)
+        let file: File = toml::from_str(&expanded)
             .map_err(|e| ConfigError(e.to_string().trim_end().to_owned()))?;
-        for source in &mut file.sources {
-            source.progress_interval = file.progress_interval.0;
+        let mut sources = Vec::with_capacity(file.sources.len());
+        let mut problems = Vec::new();
+        for table in file.sources {
+            let line = expanded[..table.span().start].lines().count() + 1;
+            match SourceSpec::read(table.into_inner()) {
+                Ok(SourceSpec::Postgres(mut source)) => {
+                    source.progress_interval = file.progress_interval.0;
+                    sources.push(SourceSpec::Postgres(source));
+                }
+                Ok(source) => sources.push(source),
+                Err(e) => problems.push(format!("[[source]] at line {line}: {e}")),
+            }
         }
         let context = ConfigContext {
             embedded_registry: file.schema_registry.as_ref().map(|r| r.url()),
         };
         let mut sinks = Vec::with_capacity(file.sinks.len());
-        let mut problems = Vec::new();
         for table in file.sinks {
             let line = expanded[..table.span().start].lines().count() + 1;
             match configure_sink(table.into_inner(), kinds, &context) {
@@ -204,7 +215,7 @@ impl Config {
             admin,
             data_dir: file.data_dir,
             log: file.log,
-            sources: file.sources,
+            sources,
             sinks,
             schema_registry: file.schema_registry,
             progress_interval: file.progress_interval,
@@ -221,10 +232,17 @@ impl Config {
         }
         let mut names = HashSet::new();
         let mut slots = HashSet::new();
-        for s in &self.sources {
-            if !names.insert(s.name.clone()) {
-                problems.push(format!("source name `{}` is used twice", s.name));
+        for source in &self.sources {
+            if !names.insert(source.name().to_owned()) {
+                problems.push(format!("source name `{}` is used twice", source.name()));
             }
+            let s = match source {
+                SourceSpec::Postgres(s) => s,
+                SourceSpec::Feed(feed) => {
+                    problems.extend(feed.problems());
+                    continue;
+                }
+            };
             if !slots.insert(s.slot_name()) {
                 problems.push(format!(
                     "source `{}`: slot `{}` is used by another source",
@@ -264,6 +282,40 @@ impl Config {
             bail!("{}", problems.join("\n"));
         }
         Ok(())
+    }
+}
+
+/// One `[[source]]`, by its `type`.
+#[derive(Debug, Clone)]
+pub enum SourceSpec {
+    /// `type = "postgres"` (the default): a publisher, read through logical
+    /// replication.
+    Postgres(SourceConfig),
+    /// `type = "grpc"`: another walbridge's change feed.
+    Feed(FeedSourceConfig),
+}
+
+impl SourceSpec {
+    /// The source's name.
+    pub fn name(&self) -> &str {
+        match self {
+            SourceSpec::Postgres(s) => &s.name,
+            SourceSpec::Feed(f) => &f.name,
+        }
+    }
+
+    fn read(mut table: toml::Table) -> Result<SourceSpec, ConfigError> {
+        let kind = match table.remove("type") {
+            None => "postgres".to_owned(),
+            Some(toml::Value::String(kind)) => kind,
+            Some(other) => bail!("`type` must be a string, not a {}", other.type_str()),
+        };
+        let invalid = |e: toml::de::Error| ConfigError(e.to_string().trim_end().to_owned());
+        Ok(match kind.as_str() {
+            "postgres" => SourceSpec::Postgres(table.try_into().map_err(invalid)?),
+            "grpc" => SourceSpec::Feed(table.try_into().map_err(invalid)?),
+            other => bail!("unknown source `type` \"{other}\": postgres (the default) or grpc"),
+        })
     }
 }
 
@@ -384,8 +436,11 @@ publications = ["p"]
     #[test]
     fn expands_variables_and_defaults_to_stdout() {
         let c = Config::parse(BASE, env, KINDS).unwrap_or_else(|e| panic!("{e:#}"));
-        assert_eq!(c.sources[0].connection, "host=db1 password=se\"cret");
-        assert_eq!(c.sources[0].slot_name(), "walbridge_shop");
+        let SourceSpec::Postgres(source) = &c.sources[0] else {
+            panic!("not a postgres source: {:?}", c.sources[0]);
+        };
+        assert_eq!(source.connection, "host=db1 password=se\"cret");
+        assert_eq!(source.slot_name(), "walbridge_shop");
         assert_eq!(c.sinks.len(), 1);
         assert_eq!(c.sinks[0].name(), "stdout");
         assert!(format!("{:?}", c.sinks[0]).contains("path: \"-\""));
@@ -405,7 +460,10 @@ publications = ["p"]
             KINDS,
         )
         .unwrap_or_else(|e| panic!("{e:#}"));
-        assert_eq!(c.sources[0].publications, ["app_pub"]);
+        let SourceSpec::Postgres(source) = &c.sources[0] else {
+            panic!("not a postgres source: {:?}", c.sources[0]);
+        };
+        assert_eq!(source.publications, ["app_pub"]);
         assert!(format!("{:?}", c.sinks[1]).contains("progress_table: \"walbridge.progress\""));
     }
 
@@ -449,6 +507,23 @@ publications = ["p"]
             .contains("spill_threshold")
         );
         assert!(err(&format!("{BASE}[log]\nfsync = \"sometimes\"\n")).contains("sometimes"));
+        let feed =
+            |extra: &str| format!("{BASE}[[source]]\nname = \"up\"\ntype = \"grpc\"\n{extra}");
+        let c = Config::parse(&feed("url = \"http://10.0.0.1:50051\"\n"), env, KINDS)
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let SourceSpec::Feed(up) = &c.sources[1] else {
+            panic!("not a feed source: {:?}", c.sources[1]);
+        };
+        assert_eq!(up.consumer_name(), "walbridge-up");
+        assert!(err(&feed("url = \"10.0.0.1:50051\"\n")).contains("http://host:port"));
+        assert!(
+            err(&feed("url = \"http://h:1\"\npublications = [\"p\"]\n")).contains("publications")
+        );
+        assert!(err(&feed("url = \"http://h:1\"\ntls_ca = \"/ca.pem\"\n")).contains("https://"));
+        assert!(
+            err(&BASE.replace("name = \"shop\"", "name = \"shop\"\ntype = \"mysql\""))
+                .contains("mysql")
+        );
         let kafka =
             |extra: &str| format!("{BASE}[[sink]]\nname = \"k\"\ntype = \"kafka\"\n{extra}");
         assert!(err(&kafka("topic = \"{nope}\"\n")).contains("`topic`"));

@@ -11,6 +11,9 @@ pub enum RuntimeError {
     /// A source stopped.
     #[error(transparent)]
     Source(#[from] SourceError),
+    /// A source reading another walbridge's feed stopped.
+    #[error(transparent)]
+    Feed(#[from] walbridge_sink_grpc::upstream::FeedSourceError),
     /// A source's log could not be opened or written.
     #[error("source `{source_name}`: log: {error}")]
     Log {

@@ -12,6 +12,8 @@
 //! * [`status`] and the admin endpoint (`[admin] listen`): what the
 //!   pipeline shows of itself — `/metrics`, `/healthz`, `/readyz`,
 //!   `/status`, and `/` for people (a status page).
+//! * [`source`]: a source of either kind: a publisher, or another
+//!   walbridge's change feed (`type = "grpc"`).
 //! * [`pause`]: sinks paused and resumed, across restarts.
 //! * [`report`]: errors as people read them.
 
@@ -24,6 +26,7 @@ mod page;
 pub mod pause;
 pub mod pipeline;
 pub mod report;
+pub mod source;
 pub mod status;
 
 pub use config::{Config, ConfigError};

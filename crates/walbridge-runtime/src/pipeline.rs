@@ -25,17 +25,15 @@ use walbridge_sink::{
     LogPosition, Reading, Routed, Sink, SinkFailure, SourceContext, SourceLog, reads,
     start_from_cursor,
 };
-use walbridge_source::{Downstream, Source};
+use walbridge_source::Downstream;
 
 use crate::config::Config;
 use crate::error::RuntimeError;
 use crate::report::describe;
+use crate::source::AnySource;
 use crate::status::{
     Observed, ObservedInput, ObservedSink, ObservedSource, SinkEvents, SinkHealth, SinkState,
 };
-
-/// How often a running source's slot is polled for the admin endpoint.
-const SLOT_POLL: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Event batches (up to 256 events each) queued between a source and its log.
 const QUEUE: usize = 64;
@@ -70,7 +68,7 @@ struct Input {
 
 /// A source with its log, before it starts.
 struct SourceRun {
-    source: Source,
+    source: AnySource,
     log: Log,
     writer: LogWriter,
     applied: watch::Sender<Lsn>,
@@ -97,16 +95,16 @@ pub async fn run(config: Config, watch: impl FnOnce(Arc<Observed>)) -> Result<()
         if !config
             .sinks
             .iter()
-            .any(|s| reads(s.as_ref(), &source_config.name))
+            .any(|s| reads(s.as_ref(), source_config.name()))
         {
-            tracing::warn!(source = %source_config.name, "no sink reads this source; it is not started");
+            tracing::warn!(source = %source_config.name(), "no sink reads this source; it is not started");
             continue;
         }
-        let source = Source::new(source_config.clone(), &config.data_dir)?;
+        let source = AnySource::new(source_config, &config.data_dir)?;
         let dir = source.state_dir().join("log");
         let (log, writer, _) =
             Log::open(&dir, options.clone()).map_err(|error| RuntimeError::Log {
-                source_name: source_config.name.clone(),
+                source_name: source_config.name().to_owned(),
                 error,
             })?;
         runs.push(SourceRun {
@@ -127,7 +125,7 @@ pub async fn run(config: Config, watch: impl FnOnce(Arc<Observed>)) -> Result<()
         sources: runs
             .iter()
             .map(|r| ObservedSource {
-                name: r.source.config().name.clone(),
+                name: r.source.name().to_owned(),
                 stats: r.source.stats(),
                 log: r.log.clone(),
                 log_max_bytes: config.log.max_size.map(|s| s.0),
@@ -154,9 +152,9 @@ pub async fn run(config: Config, watch: impl FnOnce(Arc<Observed>)) -> Result<()
         let mut observed_inputs = Vec::new();
         for run in runs
             .iter_mut()
-            .filter(|r| reads(sink_config.as_ref(), &r.source.config().name))
+            .filter(|r| reads(sink_config.as_ref(), r.source.name()))
         {
-            let source = &run.source.config().name;
+            let source = run.source.name();
             let start =
                 start_from_cursor(name, source, sink.stored_cursor(source).as_ref(), &run.log);
             run.log.register_cursor(sink_config.name(), start);
@@ -170,7 +168,7 @@ pub async fn run(config: Config, watch: impl FnOnce(Arc<Observed>)) -> Result<()
             run.acks.push((sink_config.name().to_owned(), ack_rx));
             let events = Arc::new(SinkEvents::default());
             observed_inputs.push(ObservedInput {
-                source: source.clone(),
+                source: source.to_owned(),
                 acked: acked.subscribe(),
                 log: run.log.clone(),
                 events: events.clone(),
@@ -179,7 +177,7 @@ pub async fn run(config: Config, watch: impl FnOnce(Arc<Observed>)) -> Result<()
                 log: SourceLog {
                     log: run.log.clone(),
                     context: Arc::new(SourceContext {
-                        name: run.source.config().name.clone(),
+                        name: source.to_owned(),
                         database: run.source.database().to_owned(),
                         log_id: run.log.id().to_owned(),
                         acked,
@@ -240,7 +238,7 @@ pub async fn run(config: Config, watch: impl FnOnce(Arc<Observed>)) -> Result<()
         let (durable_tx, durable_rx) = watch::channel(head.last_lsn);
         tokio::spawn(forward_durable(log.subscribe(), durable_tx));
         let (events_tx, events_rx) = mpsc::channel::<EventBatch>(QUEUE);
-        let name = source.config().name.clone();
+        let name = source.name().to_owned();
         appenders.push((name, tokio::spawn(append(events_rx, Appender::new(writer)))));
         let downstream = Downstream {
             events: events_tx,
@@ -250,19 +248,7 @@ pub async fn run(config: Config, watch: impl FnOnce(Arc<Observed>)) -> Result<()
         };
         let shutdown = shutdown_rx.clone();
         let watched = admin_server.is_some();
-        sources.spawn(async move {
-            let run = source.run(downstream, shutdown);
-            // The slot's health is polled only for someone to see it.
-            let result = if watched {
-                tokio::select! {
-                    result = run => result,
-                    never = source.watch_slot(SLOT_POLL) => match never {},
-                }
-            } else {
-                run.await
-            };
-            result.map_err(RuntimeError::Source)
-        });
+        sources.spawn(async move { source.run(downstream, shutdown, watched).await });
     }
 
     let mut failure = None;

@@ -106,6 +106,13 @@ impl Encoder {
             }
         };
         let columns = self.filter.columns(relation);
+        // The primary key only when every column of it is sent.
+        let primary_key = relation
+            .primary_key
+            .iter()
+            .map(|k| columns.iter().position(|c| c == k).map(|i| i as u32))
+            .collect::<Option<Vec<u32>>>()
+            .unwrap_or_default();
         out.push(response(Event::Relation(pb::RelationDescription {
             relation: number,
             source: source.1.to_owned(),
@@ -120,6 +127,7 @@ impl Encoder {
                     type_oid: c.type_oid,
                     type_name: c.type_display(),
                     key: c.is_key,
+                    type_modifier: c.type_modifier,
                 })
                 .collect(),
             partition_root: relation
@@ -134,6 +142,7 @@ impl Encoder {
                 ReplicaIdentity::Index => "index",
             }
             .to_owned(),
+            primary_key,
         })));
         self.described.insert(
             key,
@@ -174,7 +183,7 @@ impl Encoder {
         let sequence = transaction.sequence;
         transaction.sequence += 1;
         let start = out.len();
-        let Some(change) = self.encode_change(source, change, out) else {
+        let Some(encoded) = self.encode_change(source, change, out) else {
             return;
         };
         if !transaction.began {
@@ -191,12 +200,20 @@ impl Encoder {
                         .as_ref()
                         .map(|o| o.name.clone())
                         .unwrap_or_default(),
+                    end_lsn: lsn_text(info.end_lsn),
+                    origin_lsn: info
+                        .origin
+                        .as_ref()
+                        .map(|o| lsn_text(o.lsn))
+                        .unwrap_or_default(),
+                    gid: info.gid.clone().unwrap_or_default(),
                 })),
             );
         }
         out.push(response(Event::Change(pb::Change {
             id: Some(event_id(source.1, info.commit_lsn, sequence)),
-            ..change
+            lsn: lsn_text(change.lsn()),
+            ..encoded
         })));
     }
 

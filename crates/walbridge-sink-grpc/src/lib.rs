@@ -57,6 +57,7 @@ mod kind;
 mod server;
 mod session;
 pub mod token;
+pub mod upstream;
 mod value;
 
 pub use config::GrpcSinkConfig;

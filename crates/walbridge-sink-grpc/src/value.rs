@@ -11,22 +11,24 @@ use walbridge_core::{Datum, ValueKind, temporal};
 
 use crate::pb::{self, value::Kind};
 
-/// `datum` of a column of `kind`; with its text form when `with_text`.
-pub(crate) fn value(datum: &Datum, kind: &ValueKind, with_text: bool) -> pb::Value {
+/// `datum` of a column of `kind`; with its form as the publisher sent it
+/// (text, or binary) when `as_sent`.
+pub(crate) fn value(datum: &Datum, kind: &ValueKind, as_sent: bool) -> pb::Value {
     match datum {
         Datum::Null => pb::Value {
             kind: Some(Kind::Null(true)),
-            text: None,
+            ..Default::default()
         },
         Datum::UnchangedToast => pb::Value {
             kind: Some(Kind::UnchangedToast(true)),
-            text: None,
+            ..Default::default()
         },
         Datum::Text(bytes) => {
             let text = String::from_utf8_lossy(bytes);
             pb::Value {
                 kind: Some(from_text(&text, kind)),
-                text: with_text.then(|| text.into_owned()),
+                text: as_sent.then(|| text.into_owned()),
+                binary: None,
             }
         }
         Datum::Binary(bytes) => pb::Value {
@@ -35,6 +37,7 @@ pub(crate) fn value(datum: &Datum, kind: &ValueKind, with_text: bool) -> pb::Val
                 _ => from_json(binary_to_json(bytes, kind), kind),
             }),
             text: None,
+            binary: as_sent.then(|| bytes.clone()),
         },
     }
 }
@@ -105,7 +108,7 @@ fn array_node(node: &ArrayNode, element: &ValueKind) -> Kind {
                 .iter()
                 .map(|n| pb::Value {
                     kind: Some(array_node(n, element)),
-                    text: None,
+                    ..Default::default()
                 })
                 .collect(),
         }),
@@ -131,7 +134,7 @@ fn from_json(json: Json, kind: &ValueKind) -> Kind {
                 .into_iter()
                 .map(|item| pb::Value {
                     kind: Some(from_json(item, element)),
-                    text: None,
+                    ..Default::default()
                 })
                 .collect(),
         }),
@@ -209,11 +212,11 @@ mod tests {
                             .into_iter()
                             .map(|k| pb::Value {
                                 kind: Some(k),
-                                text: None
+                                ..Default::default()
                             })
                             .collect()
                     })),
-                    text: None
+                    ..Default::default()
                 })
                 .collect()
             }))
@@ -235,10 +238,11 @@ mod tests {
         let binary = |b: &'static [u8], kind: ValueKind| {
             value(&Datum::Binary(bytes::Bytes::from_static(b)), &kind, true)
         };
-        assert_eq!(
-            binary(&[0, 0, 0, 7], ValueKind::Int4).kind,
-            Some(Kind::Int64(7))
-        );
+        let seven = binary(&[0, 0, 0, 7], ValueKind::Int4);
+        assert_eq!(seven.kind, Some(Kind::Int64(7)));
+        // As sent, for consumers that want the publisher's own form.
+        assert_eq!(seven.binary.as_deref(), Some(&[0u8, 0, 0, 7][..]));
+        assert_eq!(seven.text, None);
         assert_eq!(binary(&[1], ValueKind::Bool).kind, Some(Kind::Bool(true)));
         assert_eq!(
             binary(&[0, 255], ValueKind::Bytea).kind,

@@ -147,7 +147,8 @@ impl SourceStats {
             .unwrap_or(SourcePhase::Starting)
     }
 
-    fn set_phase(&self, phase: SourcePhase) {
+    /// Records what the source is doing.
+    pub fn set_phase(&self, phase: SourcePhase) {
         let n = SourcePhase::ALL
             .iter()
             .position(|p| *p == phase)
@@ -171,7 +172,8 @@ impl SourceStats {
         std::array::from_fn(|i| self.changes[i].load(std::sync::atomic::Ordering::Relaxed))
     }
 
-    fn count(&self, change: &walbridge_core::Change) {
+    /// Counts a change emitted.
+    pub fn count(&self, change: &walbridge_core::Change) {
         if let Some(i) = change.operation() {
             self.changes[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }

@@ -1,9 +1,11 @@
 //! `walbridge check`: every prerequisite, without streaming.
 
 use walbridge_core::Relation;
+use walbridge_runtime::config::SourceSpec;
 use walbridge_runtime::report::describe;
 use walbridge_runtime::{Config, data_dir};
 use walbridge_sink::{CheckScope, reads};
+use walbridge_sink_grpc::upstream::FeedSource;
 use walbridge_source::Source;
 use walbridge_source::checks::{Outlook, Severity};
 
@@ -34,7 +36,23 @@ pub async fn check(path: &std::path::Path) -> Result<(), Failure> {
     }
     // The tables each source publishes, for the sinks' checks.
     let mut published = Vec::new();
-    for source_config in &config.sources {
+    for spec in &config.sources {
+        let source_config = match spec {
+            SourceSpec::Postgres(source_config) => source_config,
+            SourceSpec::Feed(feed) => {
+                match FeedSource::new(feed.clone(), &config.data_dir)
+                    .check()
+                    .await
+                {
+                    Ok(line) => println!("ok: {line}"),
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        errors += 1;
+                    }
+                }
+                continue;
+            }
+        };
         let source = Source::new(source_config.clone(), &config.data_dir).map_err(|e| Failure {
             code: EXIT_CONFIG,
             error: e.into(),

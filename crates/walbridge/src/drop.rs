@@ -4,7 +4,9 @@
 //! SET (slot_name = NONE)`).
 
 use anyhow::Context;
+use walbridge_runtime::config::SourceSpec;
 use walbridge_sink::reads;
+use walbridge_sink_grpc::upstream::FeedSource;
 use walbridge_source::Source;
 
 use crate::{EXIT_CONFIG, Failure, load, lock};
@@ -18,7 +20,7 @@ pub async fn drop_sources(
 ) -> Result<(), Failure> {
     let config = load(path)?;
     if let Some(name) = only
-        && !config.sources.iter().any(|s| s.name == name)
+        && !config.sources.iter().any(|s| s.name() == name)
     {
         return Err(Failure {
             code: EXIT_CONFIG,
@@ -26,12 +28,21 @@ pub async fn drop_sources(
         });
     }
     let _lock = lock(&config)?;
-    for source_config in config
+    for spec in config
         .sources
         .iter()
-        .filter(|s| only.is_none_or(|n| n == s.name))
+        .filter(|s| only.is_none_or(|n| n == s.name()))
     {
-        let name = &source_config.name;
+        let name = spec.name();
+        let source_config = match spec {
+            SourceSpec::Postgres(source_config) => source_config,
+            SourceSpec::Feed(feed) => {
+                drop_feed_source(&FeedSource::new(feed.clone(), &config.data_dir), keep_slot)
+                    .await?;
+                forget(&config, name).await;
+                continue;
+            }
+        };
         let source = Source::new(source_config.clone(), &config.data_dir).map_err(|e| Failure {
             code: EXIT_CONFIG,
             error: e.into(),
@@ -63,15 +74,55 @@ pub async fn drop_sources(
                 println!("source `{name}`: slot `{slot}` did not exist; state removed");
             }
         }
-        for sink in config.sinks.iter().filter(|s| reads(s.as_ref(), name)) {
-            let forgotten = sink.forget(name).await;
-            for line in forgotten.removed {
-                println!("sink `{}`: {line}", sink.name());
-            }
-            for line in forgotten.left {
-                println!("sink `{}`: left for source `{name}`: {line}", sink.name());
-            }
+        forget(&config, name).await;
+    }
+    Ok(())
+}
+
+/// What each sink reading source `name` keeps of it on its target.
+async fn forget(config: &walbridge_runtime::Config, name: &str) {
+    for sink in config.sinks.iter().filter(|s| reads(s.as_ref(), name)) {
+        let forgotten = sink.forget(name).await;
+        for line in forgotten.removed {
+            println!("sink `{}`: {line}", sink.name());
+        }
+        for line in forgotten.left {
+            println!("sink `{}`: left for source `{name}`: {line}", sink.name());
         }
     }
+}
+
+/// A feed source: its durable consumer upstream (unless `keep_consumer`,
+/// for a feed that is gone) and its state.
+async fn drop_feed_source(source: &FeedSource, keep_consumer: bool) -> Result<(), Failure> {
+    let config = source.config();
+    let name = &config.name;
+    let consumer = config.consumer_name();
+    if keep_consumer {
+        println!(
+            "source `{name}`: consumer `{consumer}` kept on the feed at {} (--keep-slot); the feed keeps its log for it until it is deleted there (DeleteConsumer)",
+            config.url
+        );
+    } else {
+        let existed = source.delete_consumer().await.with_context(|| {
+            format!(
+                "cannot delete consumer `{consumer}` of source `{name}` (if the feed is gone for good, `walbridge drop --keep-slot` removes walbridge's state without it)"
+            )
+        })?;
+        match existed {
+            true => println!(
+                "source `{name}`: deleted consumer `{consumer}` on the feed at {}",
+                config.url
+            ),
+            false => println!(
+                "source `{name}`: consumer `{consumer}` did not exist on the feed at {}",
+                config.url
+            ),
+        }
+    }
+    source
+        .remove_state()
+        .with_context(|| format!("cannot drop source `{name}`"))?;
+    println!("source `{name}`: state removed");
     Ok(())
 }

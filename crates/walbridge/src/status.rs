@@ -4,6 +4,7 @@
 //! stored cursors) and the publisher (each source's slot).
 
 use serde_json::Value;
+use walbridge_runtime::config::SourceSpec;
 use walbridge_runtime::{Config, admin, data_dir, pipeline};
 use walbridge_source::Source;
 
@@ -37,7 +38,18 @@ pub async fn status(path: &std::path::Path, json: bool) -> Result<(), Failure> {
 /// sink's stored cursor.
 async fn stopped_status(config: &Config) -> Result<Value, Failure> {
     let mut sources = Vec::new();
-    for source_config in &config.sources {
+    for spec in &config.sources {
+        let source_config = match spec {
+            SourceSpec::Postgres(source_config) => source_config,
+            SourceSpec::Feed(feed) => {
+                sources.push(serde_json::json!({
+                    "name": feed.name,
+                    "state": "stopped",
+                    "feed": { "url": feed.url, "consumer": feed.consumer_name() },
+                }));
+                continue;
+            }
+        };
         let source = Source::new(source_config.clone(), &config.data_dir).map_err(|e| Failure {
             code: EXIT_CONFIG,
             error: e.into(),
@@ -67,14 +79,14 @@ async fn stopped_status(config: &Config) -> Result<Value, Failure> {
         let inputs: Vec<Value> = config
             .sources
             .iter()
-            .filter(|s| walbridge_sink::reads(sink_config.as_ref(), &s.name))
+            .filter(|s| walbridge_sink::reads(sink_config.as_ref(), s.name()))
             .map(|s| {
                 let cursor = opened
                     .as_ref()
                     .ok()
-                    .and_then(|sink| sink.stored_cursor(&s.name));
+                    .and_then(|sink| sink.stored_cursor(s.name()));
                 serde_json::json!({
-                    "source": s.name,
+                    "source": s.name(),
                     "cursor": cursor.map(|c| c.next),
                 })
             })
