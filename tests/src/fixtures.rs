@@ -147,6 +147,19 @@ pub fn assert_replays_to_publisher(publisher: &Cluster, events: &[&Value], conte
     }
 }
 
+/// The seed of a crash test: `WALBRIDGE_CRASH_SEED` to repeat a run, the
+/// clock otherwise (every failure message names it).
+pub fn crash_seed() -> u64 {
+    std::env::var("WALBRIDGE_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        })
+}
+
 /// A small deterministic generator, so a failing run can be repeated from its seed.
 pub struct Rng(u64);
 

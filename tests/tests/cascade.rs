@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use walbridge_tests::fixtures::{Rng, WORKLOAD_SCHEMA, assert_replays_to_publisher, transaction};
+use walbridge_tests::fixtures::{
+    Rng, WORKLOAD_SCHEMA, assert_replays_to_publisher, crash_seed, transaction,
+};
 use walbridge_tests::walbridge::{Deployment, Running};
 use walbridge_tests::{Cluster, feed, free_port};
 
@@ -118,14 +120,7 @@ fn a_cascade_over_the_feed_is_exact_whichever_walbridge_is_killed() {
         "{check:?}"
     );
 
-    let seed = std::env::var("WALBRIDGE_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
+    let seed = crash_seed();
     let mut rng = Rng::new(seed);
     let mut kills = [0u32; 2];
     let written = std::thread::scope(|scope| {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::Value;
 use walbridge_tests::Cluster;
 use walbridge_tests::fixtures::{
-    Rng, WORKLOAD_SCHEMA, assert_replays_to_publisher, transaction, write_while_killing,
+    Rng, WORKLOAD_SCHEMA, assert_replays_to_publisher, crash_seed, transaction, write_while_killing,
 };
 use walbridge_tests::walbridge::Deployment;
 
@@ -37,14 +37,7 @@ fn every_transaction_reaches_the_sink_exactly_once_across_repeated_kills() {
     pg.psql("CREATE PUBLICATION pub FOR TABLE t, g, big");
     let wb = Deployment::new();
     wb.configure(&pg, "postgres", "pub", "status_interval = 1");
-    let seed = std::env::var("WALBRIDGE_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
+    let seed = crash_seed();
     let mut rng = Rng::new(seed);
     let running = wb.start();
     pg.wait_for_streaming(WAIT);

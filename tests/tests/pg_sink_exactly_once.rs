@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use walbridge_tests::Cluster;
-use walbridge_tests::fixtures::{Rng, WORKLOAD_SCHEMA, write_while_killing};
+use walbridge_tests::fixtures::{Rng, WORKLOAD_SCHEMA, crash_seed, write_while_killing};
 use walbridge_tests::walbridge::Deployment;
 
 const WAIT: Duration = Duration::from_secs(300);
@@ -37,14 +37,7 @@ fn kill_9_during_heavy_apply_loses_and_repeats_nothing() {
     let wb = Deployment::new();
     // Small groups, so kills land between and inside many target transactions.
     configure(&wb, &publisher, &subscriber, "batch_changes = 2000");
-    let seed = std::env::var("WALBRIDGE_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
+    let seed = crash_seed();
     let mut rng = Rng::new(seed);
     let running = wb.start();
     publisher.wait_for_streaming(WAIT);
