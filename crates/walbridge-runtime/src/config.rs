@@ -178,7 +178,7 @@ impl Config {
         let mut problems = Vec::new();
         for table in file.sources {
             let line = expanded[..table.span().start].lines().count() + 1;
-            match SourceSpec::read(table.into_inner()) {
+            match SourceSpec::read(table.into_inner(), &expanded) {
                 Ok(SourceSpec::Postgres(mut source)) => {
                     source.progress_interval = file.progress_interval.0;
                     sources.push(SourceSpec::Postgres(source));
@@ -304,7 +304,8 @@ impl SourceSpec {
         }
     }
 
-    fn read(mut table: toml::Table) -> Result<SourceSpec, ConfigError> {
+    /// Reads one `[[source]]` table of the configuration `text`.
+    fn read(mut table: toml::Table, text: &str) -> Result<SourceSpec, ConfigError> {
         let kind = match table.remove("type") {
             None => "postgres".to_owned(),
             Some(toml::Value::String(kind)) => kind,
@@ -312,7 +313,19 @@ impl SourceSpec {
         };
         let invalid = |e: toml::de::Error| ConfigError(e.to_string().trim_end().to_owned());
         Ok(match kind.as_str() {
-            "postgres" => SourceSpec::Postgres(table.try_into().map_err(invalid)?),
+            "postgres" => SourceSpec::Postgres(table.try_into().map_err(|e| {
+                // The whole file read again shows the line with a caret
+                // under the key, when every source is a publisher.
+                #[derive(Deserialize)]
+                struct Publishers {
+                    #[serde(rename = "source")]
+                    _sources: Vec<SourceConfig>,
+                }
+                match toml::from_str::<Publishers>(text) {
+                    Err(spanned) if spanned.span().is_some() => invalid(spanned),
+                    _ => invalid(e),
+                }
+            })?),
             "grpc" => SourceSpec::Feed(table.try_into().map_err(invalid)?),
             other => bail!("unknown source `type` \"{other}\": postgres (the default) or grpc"),
         })
