@@ -15,7 +15,6 @@
 //! * [`source`]: a source of either kind: a publisher, or another
 //!   walbridge's change feed (`type = "grpc"`).
 //! * [`pause`]: sinks paused and resumed, across restarts.
-//! * [`report`]: errors as people read them.
 
 pub mod admin;
 pub mod config;
@@ -25,7 +24,6 @@ mod log_config;
 mod page;
 pub mod pause;
 pub mod pipeline;
-pub mod report;
 pub mod source;
 pub mod status;
 

@@ -29,11 +29,11 @@ use walbridge_source::Downstream;
 
 use crate::config::Config;
 use crate::error::RuntimeError;
-use crate::report::describe;
 use crate::source::AnySource;
 use crate::status::{
     Observed, ObservedInput, ObservedSink, ObservedSource, SinkEvents, SinkHealth, SinkState,
 };
+use walbridge_core::describe;
 
 /// Event batches (up to 256 events each) queued between a source and its log.
 const QUEUE: usize = 64;

@@ -1,8 +1,8 @@
 //! `walbridge check`: every prerequisite, without streaming.
 
 use walbridge_core::Relation;
+use walbridge_core::describe;
 use walbridge_runtime::config::SourceSpec;
-use walbridge_runtime::report::describe;
 use walbridge_runtime::{Config, data_dir};
 use walbridge_sink::{CheckScope, reads};
 use walbridge_sink_grpc::upstream::FeedSource;

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use walbridge_runtime::report::describe;
+use walbridge_core::describe;
 use walbridge_runtime::{Config, data_dir};
 use walbridge_sink::SinkKind;
 

@@ -249,7 +249,7 @@ impl FeedSource {
         endpoint
             .connect()
             .await
-            .map_err(|e| self.unreachable(error_chain(&e)))
+            .map_err(|e| self.unreachable(walbridge_core::describe(&e)))
     }
 
     /// Whether the feed answers its health check, as a line to show.
@@ -662,16 +662,4 @@ impl Reading<'_> {
             TakeError::Closed
         })
     }
-}
-
-/// An error with its causes, for one log line.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
