@@ -15,7 +15,7 @@ use walbridge_tests::fixtures::{
 };
 use walbridge_tests::tls::{Authority, Purpose};
 use walbridge_tests::walbridge::{Deployment, Running};
-use walbridge_tests::{Cluster, free_port};
+use walbridge_tests::{Cluster, admin, free_port};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -509,6 +509,45 @@ fn durable_consumers_are_managed_with_the_admin_calls_and_have_one_session() {
     let audit = &listed["consumers"][0];
     assert_eq!(audit["consumer"], "audit", "{listed}");
     assert_eq!(audit["connected"], true, "{listed}");
+    // On /metrics: the session, what it was sent and acknowledged.
+    let admin = f.wb.admin_address(WAIT);
+    let feed_metric = |name: &str, labels: &[(&str, &str)]| {
+        let mut labels = labels.to_vec();
+        labels.push(("sink", "feed"));
+        admin::value(&admin::metrics(&admin), name, &labels)
+    };
+    // The gauges are set every second.
+    let wait_for_metric = |name: &str, labels: &[(&str, &str)], wanted: &dyn Fn(f64) -> bool| {
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            let value = feed_metric(name, labels);
+            if value.is_some_and(wanted) || std::time::Instant::now() > deadline {
+                return value;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    assert_eq!(
+        wait_for_metric("walbridge_feed_sessions", &[], &|v| v == 1.0),
+        Some(1.0)
+    );
+    let sent = reading.lines();
+    let audit_metric = |name: &str| feed_metric(name, &[("consumer", "audit")]);
+    let changes = events(&sent, "change").len() as f64;
+    assert_eq!(
+        wait_for_metric(
+            "walbridge_feed_events_total",
+            &[("consumer", "audit")],
+            &|v| v == changes
+        ),
+        Some(changes),
+        "{sent:?}"
+    );
+    assert!(audit_metric("walbridge_feed_sent_bytes_total").is_some_and(|b| b > 0.0));
+    assert!(
+        audit_metric("walbridge_feed_acknowledgements_total")
+            .is_some_and(|n| n >= events(&sent, "commit").len() as f64)
+    );
     let seek = f
         .client
         .call("Seek", &json!({"consumer": "audit", "start": earliest()}));
@@ -545,6 +584,18 @@ fn durable_consumers_are_managed_with_the_admin_calls_and_have_one_session() {
         position["lag_bytes"].as_str().is_some_and(|b| b != "0"),
         "{position}"
     );
+    let lag_labels = [("consumer", "audit"), ("source", "src")];
+    assert!(
+        wait_for_metric("walbridge_feed_consumer_lag_records", &lag_labels, &|v| v
+            >= 3.0)
+        .is_some_and(|v| v >= 3.0)
+    );
+    assert!(feed_metric("walbridge_feed_consumer_lag_bytes", &lag_labels).is_some_and(|v| v > 0.0));
+    assert_eq!(
+        feed_metric("walbridge_feed_sessions", &[]),
+        Some(0.0),
+        "the session ended"
+    );
     let moved = f.client.call(
         "Seek",
         &json!({"consumer": "audit", "start": {"latest": {}}}),
@@ -553,6 +604,12 @@ fn durable_consumers_are_managed_with_the_admin_calls_and_have_one_session() {
         moved["positions"][0]["lag_records"], "0",
         "no lag at latest: {moved}"
     );
+    assert_eq!(
+        wait_for_metric("walbridge_feed_consumer_lag_bytes", &lag_labels, &|v| v
+            == 0.0),
+        Some(0.0)
+    );
+    assert_eq!(admin::lint_metrics(&admin), "");
 
     let deleted = f
         .client

@@ -162,6 +162,7 @@ impl SinkRun for GrpcRun {
             let server = access::server(&config).map_err(SinkFailure::permanent)?;
             let authorize = Authorize::new(&config);
             let (stop, stopping) = watch::channel(false);
+            crate::metrics::describe();
             let feed = Arc::new(Feed::new(
                 config.name.clone(),
                 logs,
@@ -185,6 +186,7 @@ impl SinkRun for GrpcRun {
             let bound = listener.local_addr().unwrap_or(address);
             tracing::info!(sink = %config.name, listen = %bound, "change feed serving");
             let holding = tokio::spawn(feed.clone().hold());
+            let reporting = tokio::spawn(feed.clone().report());
 
             let (health, health_service) = tonic_health::server::health_reporter();
             health
@@ -227,6 +229,7 @@ impl SinkRun for GrpcRun {
                 )
                 .await;
             holding.abort();
+            reporting.abort();
             served.map_err(|e| {
                 SinkFailure::transient(format!(
                     "sink `{}`: the change feed failed: {e}",

@@ -54,6 +54,7 @@ mod error;
 mod filter;
 mod group;
 mod kind;
+mod metrics;
 mod server;
 mod session;
 pub mod token;

@@ -18,6 +18,7 @@ use crate::encode::{Encoder, respond, timestamp};
 use crate::error::FeedError;
 use crate::filter::Filter;
 use crate::group::{DEFAULT_PARTITIONS, Groups, MAX_PARTITIONS};
+use crate::metrics::SessionCounters;
 use crate::pb::{self, subscribe_request, subscribe_response::Event};
 use crate::session::{Flow, Membership, Session, SessionSource};
 use crate::token::{Token, TokenPosition};
@@ -287,23 +288,42 @@ impl Feed {
         }
     }
 
+    pub fn session_count(&self) -> usize {
+        self.sessions().len()
+    }
+
+    /// How far `consumer` is behind each source's log now (sources it has
+    /// a position in that this feed still reads).
+    pub fn lags(&self, consumer: &Consumer) -> Vec<Lag> {
+        consumer
+            .positions
+            .iter()
+            .filter_map(|p| {
+                let head = self.log(&p.source).ok()?.log.head();
+                Some(Lag {
+                    source: p.source.clone(),
+                    lsn: p.lsn(),
+                    records: head.next_seq.saturating_sub(p.next),
+                    bytes: head.last_lsn.0.saturating_sub(p.lsn),
+                })
+            })
+            .collect()
+    }
+
     fn consumer_message(&self, name: &str, consumer: &Consumer) -> pb::Consumer {
         pb::Consumer {
             consumer: name.to_owned(),
             connected: consumer.connected(),
             partitions: consumer.partition_count(),
             members: consumer.members,
-            positions: consumer
-                .positions
-                .iter()
-                .filter_map(|p| {
-                    let head = self.log(&p.source).ok()?.log.head();
-                    Some(pb::ConsumerPosition {
-                        source: p.source.clone(),
-                        lsn: p.lsn().to_string(),
-                        lag_records: head.next_seq.saturating_sub(p.next),
-                        lag_bytes: head.last_lsn.0.saturating_sub(p.lsn),
-                    })
+            positions: self
+                .lags(consumer)
+                .into_iter()
+                .map(|lag| pb::ConsumerPosition {
+                    source: lag.source,
+                    lsn: lag.lsn.to_string(),
+                    lag_records: lag.records,
+                    lag_bytes: lag.bytes,
                 })
                 .collect(),
             acknowledged_at: Some(timestamp(
@@ -346,6 +366,16 @@ impl Feed {
         }
         Ok(())
     }
+}
+
+/// A durable consumer's distance from the end of one source's log.
+pub(crate) struct Lag {
+    pub source: String,
+    /// Where the consumer is.
+    pub lsn: Lsn,
+    pub records: u64,
+    /// WAL bytes.
+    pub bytes: u64,
 }
 
 /// The gRPC service.
@@ -566,6 +596,7 @@ impl pb::change_feed_server::ChangeFeed for FeedService {
 
         let flow = Arc::new(Flow::new(open.flow.as_ref()));
         let (cancel, cancelled) = watch::channel(false);
+        let counters = SessionCounters::new(&feed.sink, &open.consumer);
         let session = Session {
             sources: session_sources,
             encoder: Encoder::new(filter, open.text_values),
@@ -582,6 +613,7 @@ impl pb::change_feed_server::ChangeFeed for FeedService {
                     id,
                 )
             }),
+            counters: counters.clone(),
         };
         let runtime = tokio::runtime::Handle::current();
         std::thread::Builder::new()
@@ -600,6 +632,7 @@ impl pb::change_feed_server::ChangeFeed for FeedService {
                 flow,
                 cancel,
                 out,
+                counters,
             },
         ));
         Ok(Response::new(ReceiverStream::new(stream)))
@@ -694,6 +727,7 @@ struct FollowState {
     flow: Arc<Flow>,
     cancel: watch::Sender<bool>,
     out: mpsc::Sender<Result<pb::SubscribeResponse, Status>>,
+    counters: SessionCounters,
 }
 
 /// Follows a subscriber's requests: acknowledgements free its window,
@@ -711,6 +745,7 @@ async fn follow(mut requests: Streaming<pb::SubscribeRequest>, state: FollowStat
         flow,
         cancel,
         out,
+        counters,
     } = state;
     let feed = guard.feed.clone();
     let mut stopping = feed.stopping.clone();
@@ -770,6 +805,7 @@ async fn follow(mut requests: Streaming<pb::SubscribeRequest>, state: FollowStat
         };
         match request {
             subscribe_request::Request::Ack(ack) => {
+                counters.acknowledgements.increment(1);
                 let Some(token) = Token::parse(&ack.resume_token) else {
                     break Some(Status::invalid_argument(
                         "ack.resume_token is not a token of this feed",

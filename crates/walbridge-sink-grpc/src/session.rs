@@ -34,6 +34,7 @@ use crate::consumers::Consumers;
 use crate::encode::{Encoder, Transaction, respond};
 use crate::error::FeedError;
 use crate::group::{Assignment, Groups, REBALANCE_TIMEOUT, Turn, change_partition, row_partition};
+use crate::metrics::SessionCounters;
 use crate::pb::{self, subscribe_response::Event};
 use crate::token::{Token, TokenPosition};
 
@@ -238,6 +239,7 @@ pub(crate) struct Session {
     pub stopping: watch::Receiver<bool>,
     /// Set when the session is a group member.
     pub membership: Option<Membership>,
+    pub counters: SessionCounters,
 }
 
 /// Why a session ended without an error to report.
@@ -485,6 +487,8 @@ impl Session {
             bytes += prost::Message::encoded_len(&message) as u64;
             self.out.blocking_send(Ok(message)).map_err(|_| Gone)?;
         }
+        self.counters.events.increment(events);
+        self.counters.bytes.increment(bytes);
         Ok((events, bytes))
     }
 
