@@ -224,7 +224,12 @@ impl SinkRun for GrpcRun {
                 .add_service(InterceptedService::new(reflection_v1alpha, authorize))
                 .add_service(service)
                 .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    // Each message as it comes: with Nagle's algorithm a
+                    // small one waits for the subscriber's delayed ACK
+                    // (measured, commit to receipt at 2,000 tx/s: p99 60 ms
+                    // with it, 21 ms without; tonic's own `tcp_nodelay`
+                    // does not reach a listener passed in).
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
                     closed,
                 )
                 .await;
