@@ -507,6 +507,75 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("PostgreSQL did not start again: {e}"));
     }
 
+    /// A physical standby of this cluster streaming through physical slot
+    /// `slot` (created here), with `settings` added to its configuration.
+    /// Made from a copy of the data directory taken while this server is
+    /// stopped cleanly (pg_basebackup of the server's own major is not
+    /// always at hand), then both are started.
+    pub fn standby(&self, slot: &str, settings: &[(&str, &str)]) -> Cluster {
+        self.psql(&format!(
+            "SELECT pg_create_physical_replication_slot('{slot}', true)"
+        ));
+        let mut c = server_command(self.bin_dir.as_deref(), "pg_ctl");
+        c.args(["-D"])
+            .arg(self.data_dir())
+            .args(["-m", "fast", "-w", "stop"]);
+        succeeds(&mut c);
+        let dir = tempfile::Builder::new()
+            .prefix("walbridge-pg-standby-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("cannot create a temporary directory: {e}"));
+        let sockets = dir.path().join("sockets");
+        std::fs::create_dir(&sockets).unwrap_or_else(|e| panic!("mkdir: {e}"));
+        // `cp -a` keeps the owner and the modes the server insists on.
+        succeeds(
+            Command::new("cp")
+                .arg("-a")
+                .arg(self.data_dir())
+                .arg(dir.path().join("data")),
+        );
+        if is_root() {
+            succeeds(
+                Command::new("chown")
+                    .args([SERVER_OS_USER])
+                    .arg(dir.path())
+                    .arg(&sockets),
+            );
+        }
+        let mut conf = format!(
+            "unix_socket_directories = '{}'\nprimary_conninfo = 'host=127.0.0.1 port={} user=postgres dbname=postgres application_name=standby'\nprimary_slot_name = '{slot}'\nhot_standby_feedback = on\n",
+            sockets.display(),
+            self.port
+        );
+        for (name, value) in settings {
+            conf.push_str(&format!("{name} = {value}\n"));
+        }
+        let data = dir.path().join("data");
+        append(&data.join("postgresql.conf"), &conf);
+        let signal = data.join("standby.signal");
+        std::fs::write(&signal, "").unwrap_or_else(|e| panic!("standby.signal: {e}"));
+        if is_root() {
+            succeeds(Command::new("chown").args([SERVER_OS_USER]).arg(&signal));
+        }
+        self.start_again();
+        let port = free_port();
+        pg_ctl_start(self.bin_dir.as_deref(), dir.path(), port)
+            .unwrap_or_else(|e| panic!("the standby did not start: {e}"));
+        Cluster {
+            dir,
+            port,
+            version_num: self.version_num,
+            bin_dir: self.bin_dir.clone(),
+        }
+    }
+
+    /// Promotes this standby to a primary and waits until it is one.
+    pub fn promote(&self) {
+        let mut c = server_command(self.bin_dir.as_deref(), "pg_ctl");
+        c.args(["-D"]).arg(self.data_dir()).args(["-w", "promote"]);
+        succeeds(&mut c);
+    }
+
     /// Stops the server immediately.
     pub fn stop(&self) {
         let mut c = server_command(self.bin_dir.as_deref(), "pg_ctl");

@@ -240,3 +240,32 @@ fn check_and_run_report_a_jsonl_path_in_a_missing_directory() {
     );
     assert_check_fails(&wb, "does not exist: create it (mkdir -p");
 }
+
+#[test]
+fn failover_needs_postgres_17_and_a_host_that_is_what_is_asked() {
+    let old = Cluster::builder().version(14).start();
+    published(&old);
+    let wb = Deployment::new();
+    wb.configure(&old, "postgres", "pub", "failover = true");
+    assert_check_fails(&wb, "failover needs PostgreSQL 17 or newer");
+    // Every host answers, none is what is asked: said (and `run` waits
+    // for one, as during a failover).
+    wb.configure_connection(
+        &format!(
+            "{} target_session_attrs=standby",
+            old.connstr("postgres", "postgres")
+        ),
+        "pub",
+        "",
+    );
+    let check = wb.command(&["check"]);
+    let said = walbridge_tests::printed(&check);
+    assert!(
+        !check.status.success()
+            && said.contains(&format!(
+                "error: source `src`: none of 127.0.0.1:{} is standby (target_session_attrs = standby)",
+                old.port()
+            )),
+        "{said}"
+    );
+}

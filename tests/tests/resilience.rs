@@ -1,11 +1,13 @@
-//! Failures around walbridge: the publisher restarts, walbridge dies in the
-//! middle of the initial copy, the publication stays idle while the
-//! database writes WAL, changes arrive from a replication origin.
+//! Failures around walbridge: the publisher restarts or fails over to its
+//! standby, walbridge dies in the middle of the initial copy, the
+//! publication stays idle while the database writes WAL, changes arrive
+//! from a replication origin.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use walbridge_tests::Cluster;
+use walbridge_tests::fixtures::{WORKLOAD_SCHEMA, assert_replays_to_publisher, transaction};
 use walbridge_tests::walbridge::{Deployment, Running, ids_with_op};
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -181,4 +183,84 @@ fn origin_none_skips_replicated_changes() {
     std::thread::sleep(Duration::from_millis(300));
     assert!(running.stop(WAIT).success());
     assert_eq!(ids_with_op(&wb.lines(), "c"), [2], "{lines:?}");
+}
+
+/// Transactions `range` of the workload, sent in one `psql` call.
+fn workload(pg: &Cluster, range: std::ops::RangeInclusive<u64>) -> u64 {
+    let (mut sql, mut changes) = (String::new(), 0);
+    for i in range {
+        let (text, n) = transaction(i);
+        sql += &text;
+        changes += n;
+    }
+    pg.psql(&sql);
+    changes
+}
+
+#[test]
+fn a_failover_slot_goes_on_from_the_promoted_standby_without_loss_repeat_or_copy() {
+    let primary = Cluster::builder().at_least(17).start();
+    primary.psql(WORKLOAD_SCHEMA);
+    primary.psql("INSERT INTO big SELECT -g, 'copied' FROM generate_series(1, 1000) g");
+    primary.psql("CREATE PUBLICATION pub FOR ALL TABLES");
+    let standby = primary.standby("standby_1", &[("sync_replication_slots", "on")]);
+    let wb = Deployment::new();
+    wb.configure_connection(
+        &format!(
+            "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres sslmode=disable target_session_attrs=read-write",
+            primary.port(),
+            standby.port()
+        ),
+        "pub",
+        "failover = true",
+    );
+    let check = walbridge_tests::printed(&wb.command(&["check"]));
+    assert!(
+        check.contains("synchronized_standby_slots is empty")
+            && check.contains("ALTER SYSTEM SET synchronized_standby_slots = 'standby_1'")
+            && check.contains("sync_replication_slots = on, hot_standby_feedback = on"),
+        "check says what failover needs: {check}"
+    );
+    // The slot never passes what the standby has received; and every
+    // commit waits for the standby, so the failover itself loses nothing
+    // and what walbridge delivers can be counted.
+    primary.psql("ALTER SYSTEM SET synchronized_standby_slots = 'standby_1'");
+    primary.psql("ALTER SYSTEM SET synchronous_standby_names = 'standby'");
+    primary.psql("ALTER SYSTEM SET synchronous_commit = on");
+    primary.psql("SELECT pg_reload_conf()");
+    let check = wb.command(&["check"]);
+    assert!(
+        check.status.success(),
+        "the primary is ready for failover: {}",
+        walbridge_tests::printed(&check)
+    );
+    let running = wb.start();
+    let streaming = "SELECT count(*) FROM pg_stat_replication WHERE application_name = 'src' AND state = 'streaming'";
+    assert_eq!(primary.wait_for(streaming, "1", WAIT), "1", "{}", wb.log());
+    let mut changes = 1000 + workload(&primary, 1..=300);
+    assert_eq!(
+        standby.wait_for(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'walbridge_src' AND synced AND NOT temporary",
+            "1",
+            WAIT
+        ),
+        "1",
+        "the standby synchronizes the slot"
+    );
+    changes += workload(&primary, 301..=600);
+    primary.stop();
+    standby.promote();
+    changes += workload(&standby, 601..=900);
+    let lines = wb.wait_for_lines(changes as usize, WAIT);
+    assert!(running.stop(WAIT).success(), "log:\n{}", wb.log());
+    assert_eq!(lines.len() as u64, changes, "nothing twice");
+    let events: Vec<&serde_json::Value> = lines.iter().collect();
+    assert_replays_to_publisher(&standby, &events, "after the failover");
+    let log = wb.log();
+    assert_eq!(
+        log.matches("initial copy starting").count(),
+        1,
+        "no second copy:\n{log}"
+    );
+    assert!(log.contains("retrying in"), "it reconnected:\n{log}");
 }

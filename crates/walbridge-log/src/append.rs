@@ -68,6 +68,13 @@ impl Appender {
     pub async fn append(&mut self, event: SourceEvent) -> Result<(), LogError> {
         match event {
             SourceEvent::Begin(info) => {
+                // Chunks of the previous one are in the log: a second
+                // start would leave them there, a unit never ended.
+                if self.open.as_ref().is_some_and(|open| !open.first) {
+                    return Err(LogError::OutOfOrder(
+                        "a transaction began while part of the previous one was written",
+                    ));
+                }
                 self.open = Some(OpenTransaction {
                     info,
                     first: true,

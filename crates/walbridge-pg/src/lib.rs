@@ -13,7 +13,7 @@ pub mod params;
 mod sql;
 pub mod tls;
 
-pub use params::{ConnParams, Host, ParamsError, SslMode};
+pub use params::{ConnParams, Host, ParamsError, SessionAttrs, SslMode, endpoint_display};
 pub use sql::{
     ConnectError, SESSION_SETTINGS, connect_sql, describe_pg_error, parse_server_version,
     quote_ident, quote_literal, quote_qualified,

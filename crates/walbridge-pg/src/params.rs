@@ -52,8 +52,78 @@ pub enum Host {
     Unix(PathBuf),
 }
 
+/// What a server must be for a connection to it to be kept
+/// (`target_session_attrs`, with libpq's meanings): the hosts are tried in
+/// order until one is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SessionAttrs {
+    /// Any server.
+    #[default]
+    Any,
+    /// One that takes writes by default: a primary not set
+    /// `default_transaction_read_only`.
+    ReadWrite,
+    /// One that does not.
+    ReadOnly,
+    /// A server not in recovery.
+    Primary,
+    /// A server in recovery (a standby).
+    Standby,
+}
+
+impl SessionAttrs {
+    fn parse(value: &str) -> Result<Self, ParamsError> {
+        Ok(match value {
+            "any" => SessionAttrs::Any,
+            "read-write" => SessionAttrs::ReadWrite,
+            "read-only" => SessionAttrs::ReadOnly,
+            "primary" => SessionAttrs::Primary,
+            "standby" => SessionAttrs::Standby,
+            _ => {
+                return Err(ParamsError::InvalidValue {
+                    key: "target_session_attrs".into(),
+                    expected: "any, read-write, read-only, primary or standby",
+                });
+            }
+        })
+    }
+
+    /// The query that tells: whether the server is in recovery, and
+    /// whether its sessions are read-only by default. `None` for `Any`.
+    pub fn query(self) -> Option<&'static str> {
+        (self != SessionAttrs::Any).then_some(
+            "SELECT pg_catalog.pg_is_in_recovery()::text, pg_catalog.current_setting('transaction_read_only')",
+        )
+    }
+
+    /// Whether a server that answered [`SessionAttrs::query`] with
+    /// `in_recovery` (`t`/`f`) and `read_only` (`on`/`off`) is one to keep.
+    pub fn accepts(self, in_recovery: &str, read_only: &str) -> bool {
+        let in_recovery = in_recovery == "t" || in_recovery == "true";
+        let read_only = read_only == "on" || in_recovery;
+        match self {
+            SessionAttrs::Any => true,
+            SessionAttrs::ReadWrite => !read_only,
+            SessionAttrs::ReadOnly => read_only,
+            SessionAttrs::Primary => !in_recovery,
+            SessionAttrs::Standby => in_recovery,
+        }
+    }
+
+    /// The name as a connection string writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionAttrs::Any => "any",
+            SessionAttrs::ReadWrite => "read-write",
+            SessionAttrs::ReadOnly => "read-only",
+            SessionAttrs::Primary => "primary",
+            SessionAttrs::Standby => "standby",
+        }
+    }
+}
+
 /// The keys a connection string may hold.
-const KEYS: [&str; 13] = [
+const KEYS: [&str; 14] = [
     "host",
     "hostaddr",
     "port",
@@ -67,6 +137,7 @@ const KEYS: [&str; 13] = [
     "application_name",
     "connect_timeout",
     "options",
+    "target_session_attrs",
 ];
 
 /// How to write a value that holds spaces, said by every syntax error.
@@ -126,8 +197,8 @@ impl ParamsError {
 pub struct ConnParams {
     /// Hosts to try, in order.
     pub hosts: Vec<Host>,
-    /// Port (also names the Unix socket file).
-    pub port: u16,
+    /// Each host's port (also names the Unix socket file).
+    pub ports: Vec<u16>,
     /// Database name.
     pub dbname: String,
     /// Role name.
@@ -148,6 +219,8 @@ pub struct ConnParams {
     pub connect_timeout: Option<Duration>,
     /// Server options (`-c name=value …`) sent at start-up.
     pub options: Option<String>,
+    /// What the server connected to must be.
+    pub target_session_attrs: SessionAttrs,
 }
 
 impl ConnParams {
@@ -192,12 +265,25 @@ impl ConnParams {
                 .collect(),
             None => vec![default_socket_dir()],
         };
-        let port = match value("port", "PGPORT") {
-            Some(p) => p.parse().map_err(|_| ParamsError::InvalidValue {
-                key: "port".into(),
-                expected: "a port number",
-            })?,
-            None => 5432,
+        // One port for every host, or one per host (an empty one: 5432).
+        let invalid_port = || ParamsError::InvalidValue {
+            key: "port".into(),
+            expected: "a port number, or one per host separated by `,`",
+        };
+        let ports: Vec<u16> = match value("port", "PGPORT") {
+            Some(p) => p
+                .split(',')
+                .map(|p| match p.trim() {
+                    "" => Ok(5432),
+                    p => p.parse().map_err(|_| invalid_port()),
+                })
+                .collect::<Result<_, _>>()?,
+            None => vec![5432],
+        };
+        let ports = match ports.len() {
+            1 => vec![ports[0]; hosts.len()],
+            n if n == hosts.len() => ports,
+            _ => return Err(invalid_port()),
         };
         let user = value("user", "PGUSER")
             .or_else(|| env("USER"))
@@ -217,9 +303,13 @@ impl ConnParams {
             }
             None => None,
         };
+        let target_session_attrs = match value("target_session_attrs", "PGTARGETSESSIONATTRS") {
+            Some(a) => SessionAttrs::parse(&a)?,
+            None => SessionAttrs::Any,
+        };
         Ok(ConnParams {
             hosts,
-            port,
+            ports,
             dbname,
             user,
             password: value("password", "PGPASSWORD"),
@@ -230,7 +320,13 @@ impl ConnParams {
             application_name: value("application_name", "PGAPPNAME"),
             connect_timeout,
             options: value("options", "PGOPTIONS"),
+            target_session_attrs,
         })
+    }
+
+    /// Each host with its port, in the order to try them.
+    pub fn endpoints(&self) -> impl Iterator<Item = (&Host, u16)> {
+        self.hosts.iter().zip(self.ports.iter().copied())
     }
 
     /// A description for messages: `host:port/dbname` without secrets.
@@ -240,7 +336,16 @@ impl ConnParams {
             Some(Host::Unix(dir)) => dir.display().to_string(),
             None => String::new(),
         };
-        format!("{host}:{}/{}", self.port, self.dbname)
+        let port = self.ports.first().copied().unwrap_or(5432);
+        format!("{host}:{port}/{}", self.dbname)
+    }
+}
+
+/// `host:port` (or the socket file's path) for messages.
+pub fn endpoint_display(host: &Host, port: u16) -> String {
+    match host {
+        Host::Tcp(h) => format!("{h}:{port}"),
+        Host::Unix(dir) => format!("{}/.s.PGSQL.{port}", dir.display()),
     }
 }
 
@@ -355,7 +460,7 @@ fn parse_url(text: &str) -> Result<Vec<(String, String)>, ParamsError> {
     };
     if !hostport.is_empty() {
         let mut hosts = Vec::new();
-        let mut port = None;
+        let mut ports = Vec::new();
         for hp in hostport.split(',') {
             let (host, p) = if let Some(v6) = hp.strip_prefix('[') {
                 let (h, after) = v6.split_once(']').ok_or_else(|| {
@@ -371,15 +476,13 @@ fn parse_url(text: &str) -> Result<Vec<(String, String)>, ParamsError> {
             if !host.is_empty() {
                 hosts.push(percent_decode(&host, "host")?);
             }
-            if let Some(p) = p {
-                port = Some(p.to_owned());
-            }
+            ports.push(p.unwrap_or_default().to_owned());
         }
         if !hosts.is_empty() {
             out.push(("host".into(), hosts.join(",")));
         }
-        if let Some(p) = port {
-            out.push(("port".into(), p));
+        if ports.iter().any(|p| !p.is_empty()) {
+            out.push(("port".into(), ports.join(",")));
         }
     }
     if !path.is_empty() {
@@ -415,7 +518,7 @@ mod tests {
         let p = parse(r"host=db1 port = 5433 dbname=shop user=walbridge password='it\'s x' sslmode=verify-full")
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(p.hosts, vec![Host::Tcp("db1".into())]);
-        assert_eq!(p.port, 5433);
+        assert_eq!(p.ports, [5433]);
         assert_eq!(p.dbname, "shop");
         assert_eq!(p.user, "walbridge");
         assert_eq!(p.password.as_deref(), Some("it's x"));
@@ -431,10 +534,44 @@ mod tests {
         assert_eq!(p.user, "wal@b");
         assert_eq!(p.password.as_deref(), Some("s:cret"));
         assert_eq!(p.hosts, vec![Host::Tcp("::1".into())]);
-        assert_eq!(p.port, 6000);
+        assert_eq!(p.ports, [6000]);
         assert_eq!(p.dbname, "my db");
         assert_eq!(p.sslmode, SslMode::Require);
         assert_eq!(p.application_name.as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn several_hosts_with_their_ports_and_what_the_server_must_be() {
+        let p = parse("host=a,b port=5433,5434 target_session_attrs=read-write")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let endpoints: Vec<_> = p.endpoints().collect();
+        assert_eq!(
+            endpoints,
+            [
+                (&Host::Tcp("a".into()), 5433),
+                (&Host::Tcp("b".into()), 5434)
+            ]
+        );
+        assert_eq!(p.target_session_attrs, SessionAttrs::ReadWrite);
+        let one_port = parse("host=a,b port=6000").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(one_port.ports, [6000, 6000]);
+        let url = parse("postgres://a:5433,b/db?target_session_attrs=primary")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(url.ports, [5433, 5432]);
+        assert_eq!(url.target_session_attrs, SessionAttrs::Primary);
+        for wrong in ["host=a,b port=1,2,3", "target_session_attrs=prefer-standby"] {
+            assert!(
+                matches!(parse(wrong), Err(ParamsError::InvalidValue { .. })),
+                "{wrong}"
+            );
+        }
+        // A standby is read-only whatever default_transaction_read_only says.
+        assert!(!SessionAttrs::ReadWrite.accepts("t", "off"));
+        assert!(SessionAttrs::ReadWrite.accepts("f", "off"));
+        assert!(!SessionAttrs::ReadWrite.accepts("f", "on"));
+        assert!(SessionAttrs::Primary.accepts("f", "on"));
+        assert!(SessionAttrs::Standby.accepts("t", "on"));
+        assert!(SessionAttrs::ReadOnly.accepts("t", "off"));
     }
 
     #[test]
@@ -442,7 +579,7 @@ mod tests {
         let p = parse("host=/tmp/sock user=u").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(p.hosts, vec![Host::Unix("/tmp/sock".into())]);
         assert_eq!(p.dbname, "u");
-        assert_eq!(p.port, 5432);
+        assert_eq!(p.ports, [5432]);
         assert_eq!(p.sslmode, SslMode::Prefer);
     }
 

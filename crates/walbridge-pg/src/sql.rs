@@ -29,6 +29,16 @@ pub enum ConnectError {
     /// The connection string names no host.
     #[error("the connection string names no host")]
     NoHost,
+    /// Every host answered, none is what `target_session_attrs` asks for.
+    #[error(
+        "none of {tried} is {attrs} (target_session_attrs = {attrs}): after a failover, wait for a standby to be promoted, or list the new primary's host"
+    )]
+    NoSuitableHost {
+        /// The `target_session_attrs` asked for.
+        attrs: &'static str,
+        /// The hosts tried, `host:port` separated by `, `.
+        tried: String,
+    },
 }
 
 impl ConnectError {
@@ -122,14 +132,15 @@ pub async fn connect_sql(
 ) -> Result<tokio_postgres::Client, ConnectError> {
     let tls = TlsSettings::new(params)?;
     let mut last_error = None;
-    for host in &params.hosts {
+    let mut unsuitable = Vec::new();
+    for (host, port) in params.endpoints() {
         let mut config = tokio_postgres::Config::new();
         match host {
             Host::Tcp(h) => config.host(h),
             Host::Unix(dir) => config.host_path(dir),
         };
         config
-            .port(params.port)
+            .port(port)
             .user(&params.user)
             .dbname(&params.dbname)
             .application_name(
@@ -176,13 +187,35 @@ pub async fn connect_sql(
                     })
             }
         };
-        match result {
-            Ok(client) => return Ok(client),
+        let client = match result {
+            Ok(client) => client,
             Err(e) if e.code().is_some() => return Err(e.into()),
-            Err(e) => last_error = Some(e),
+            Err(e) => {
+                last_error = Some(e);
+                continue;
+            }
+        };
+        let Some(query) = params.target_session_attrs.query() else {
+            return Ok(client);
+        };
+        let row = client.query_one(query, &[]).await?;
+        let (in_recovery, read_only): (String, String) = (row.try_get(0)?, row.try_get(1)?);
+        if params
+            .target_session_attrs
+            .accepts(&in_recovery, &read_only)
+        {
+            return Ok(client);
         }
+        unsuitable.push(crate::params::endpoint_display(host, port));
     }
-    Err(last_error.map_or(ConnectError::NoHost, ConnectError::Sql))
+    match last_error {
+        Some(e) if unsuitable.is_empty() => Err(ConnectError::Sql(e)),
+        _ if !unsuitable.is_empty() => Err(ConnectError::NoSuitableHost {
+            attrs: params.target_session_attrs.as_str(),
+            tried: unsuitable.join(", "),
+        }),
+        _ => Err(ConnectError::NoHost),
+    }
 }
 
 #[cfg(test)]

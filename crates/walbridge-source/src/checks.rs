@@ -87,6 +87,9 @@ pub fn explain_connection_error(source: &str, target: &str, e: &ConnectionError)
             "source `{source}`: {target} has no free connection or WAL sender ({e}): raise max_wal_senders / max_connections, or stop unused consumers"
         ),
         Some("3D000") => format!("source `{source}`: {e}: check `dbname` in `connection`"),
+        _ if matches!(e, ConnectionError::NoSuitableHost { .. }) => {
+            format!("source `{source}`: {e}")
+        }
         _ if e.is_transient() => format!(
             "source `{source}`: {}: is the server running and accepting connections there? Check host and port in `connection`",
             failed_at(target, &detail)
@@ -171,6 +174,13 @@ async fn sql_checks(
     if config.two_phase && version < 150_000 {
         findings.push(error(format!("source `{name}`: two_phase needs PostgreSQL 15 or newer on the publisher; set two_phase = false")));
     }
+    if config.failover {
+        if version < 170_000 {
+            findings.push(error(format!("source `{name}`: failover needs PostgreSQL 17 or newer on the publisher (slots synchronized to standbys); set failover = false")));
+        } else {
+            findings.extend(failover_checks(name, client, target).await?);
+        }
+    }
     if config.origin == crate::config::OriginFilter::None && version < 160_000 {
         findings.push(error(format!("source `{name}`: origin = \"none\" needs PostgreSQL 16 or newer on the publisher; remove it")));
     }
@@ -225,6 +235,35 @@ async fn sql_checks(
                 "source `{name}`: table {table} has no replica identity, so its UPDATEs and DELETEs cannot be replicated (the publisher rejects them): add a primary key or run ALTER TABLE {table} REPLICA IDENTITY FULL"
             )));
         }
+    }
+    Ok(findings)
+}
+
+/// What a failover slot needs of the primary and its standbys (the
+/// standbys' settings cannot be read from here: they are named).
+async fn failover_checks(
+    name: &str,
+    client: &Client,
+    target: &str,
+) -> Result<Vec<Finding>, tokio_postgres::Error> {
+    const STANDBY: &str = "on each standby that may be promoted: sync_replication_slots = on, hot_standby_feedback = on, primary_slot_name set to its physical slot, and dbname=… in primary_conninfo";
+    let row = client
+        .query_one(
+            "SELECT current_setting('synchronized_standby_slots'), \
+                    (SELECT string_agg(slot_name::text, ', ') FROM pg_replication_slots WHERE slot_type = 'physical' AND active)",
+            &[],
+        )
+        .await?;
+    let (synchronized, physical): (String, Option<String>) = (row.get(0), row.get(1));
+    let mut findings = Vec::new();
+    match physical {
+        None => findings.push(warning(format!(
+            "source `{name}`: failover = true, but no standby streams from {target} through a physical slot, so none can take the slot over: set up a standby with a physical slot and, {STANDBY}"
+        ))),
+        Some(physical) if synchronized.trim().is_empty() => findings.push(warning(format!(
+            "source `{name}`: failover = true, but synchronized_standby_slots is empty on {target}: walbridge may then receive changes a standby has not, and lose them when it is promoted; run ALTER SYSTEM SET synchronized_standby_slots = '{physical}' and reload; and {STANDBY}"
+        ))),
+        Some(_) => {}
     }
     Ok(findings)
 }

@@ -71,6 +71,10 @@ pub struct SourceConfig {
     /// PREPARED (PostgreSQL 15+; fixed when the slot is created).
     #[serde(default)]
     pub two_phase: bool,
+    /// Create the slot so standbys synchronize it and it survives a
+    /// failover (PostgreSQL 17+; an existing slot is switched over).
+    #[serde(default)]
+    pub failover: bool,
     /// `any` or `none` (PostgreSQL 16+).
     #[serde(default)]
     pub origin: OriginFilter,

@@ -23,6 +23,19 @@ pub struct SlotInfo {
     pub wal_status: Option<String>,
     /// Created with two-phase decoding.
     pub two_phase: bool,
+    /// Synchronized to standbys (`failover`, PostgreSQL 17+).
+    pub failover: bool,
+}
+
+/// The options a slot is created with (fixed then, but for `failover`,
+/// which [`set_failover`] changes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotOptions {
+    /// Decode prepared transactions at PREPARE (PostgreSQL 15+).
+    pub two_phase: bool,
+    /// Let standbys synchronize the slot, so it survives a failover
+    /// (PostgreSQL 17+).
+    pub failover: bool,
 }
 
 /// How a running source's slot fares, polled over an ordinary SQL
@@ -106,7 +119,7 @@ pub fn create_slot_command(
     name: &str,
     persistence: SlotPersistence,
     snapshot: SnapshotAction,
-    two_phase: bool,
+    options: SlotOptions,
     server_version: u32,
 ) -> String {
     let temporary = if persistence == SlotPersistence::Temporary {
@@ -120,9 +133,18 @@ pub fn create_slot_command(
             SnapshotAction::Use => "use",
             SnapshotAction::Nothing => "nothing",
         };
-        let two_phase = if two_phase { ", TWO_PHASE true" } else { "" };
+        let two_phase = if options.two_phase {
+            ", TWO_PHASE true"
+        } else {
+            ""
+        };
+        let failover = if options.failover {
+            ", FAILOVER true"
+        } else {
+            ""
+        };
         format!(
-            "CREATE_REPLICATION_SLOT \"{name}\"{temporary} LOGICAL pgoutput (SNAPSHOT '{action}'{two_phase})"
+            "CREATE_REPLICATION_SLOT \"{name}\"{temporary} LOGICAL pgoutput (SNAPSHOT '{action}'{two_phase}{failover})"
         )
     } else {
         let action = match snapshot {
@@ -140,13 +162,13 @@ pub async fn create_slot(
     name: &str,
     persistence: SlotPersistence,
     snapshot: SnapshotAction,
-    two_phase: bool,
+    options: SlotOptions,
 ) -> Result<CreatedSlot, ConnectionError> {
     let command = create_slot_command(
         name,
         persistence,
         snapshot,
-        two_phase,
+        options,
         conn.server_version_num(),
     );
     let results = conn.simple_query(&command).await?;
@@ -165,6 +187,18 @@ pub async fn create_slot(
         consistent_point,
         snapshot_name: result.get(0, "snapshot_name").map(str::to_owned),
     })
+}
+
+/// Makes an existing slot one standbys synchronize (PostgreSQL 17+).
+pub async fn set_failover(
+    conn: &mut ReplicationConnection,
+    name: &str,
+) -> Result<(), ConnectionError> {
+    conn.simple_query(&format!(
+        "ALTER_REPLICATION_SLOT \"{name}\" ( FAILOVER true )"
+    ))
+    .await
+    .map(|_| ())
 }
 
 /// Drops a slot; with `wait`, waits for a walsender still using it to go.
@@ -190,8 +224,13 @@ pub async fn slot_info(
     } else {
         "false"
     };
+    let failover = if version >= 170_000 {
+        "failover"
+    } else {
+        "false"
+    };
     let sql = format!(
-        "SELECT plugin, database, active, active_pid, confirmed_flush_lsn, wal_status, {two_phase} AS two_phase \
+        "SELECT plugin, database, active, active_pid, confirmed_flush_lsn, wal_status, {two_phase} AS two_phase, {failover} AS failover \
          FROM pg_replication_slots WHERE slot_name = {}",
         quote_literal(name)
     );
@@ -207,6 +246,7 @@ pub async fn slot_info(
         confirmed_flush: r.get(0, "confirmed_flush_lsn").and_then(|l| l.parse().ok()),
         wal_status: r.get(0, "wal_status").map(str::to_owned),
         two_phase: r.get(0, "two_phase") == Some("t"),
+        failover: r.get(0, "failover") == Some("t"),
     }))
 }
 
@@ -221,17 +261,20 @@ mod tests {
                 "s",
                 SlotPersistence::Permanent,
                 SnapshotAction::Export,
-                true,
-                150_000
+                SlotOptions {
+                    two_phase: true,
+                    failover: true
+                },
+                170_000
             ),
-            "CREATE_REPLICATION_SLOT \"s\" LOGICAL pgoutput (SNAPSHOT 'export', TWO_PHASE true)"
+            "CREATE_REPLICATION_SLOT \"s\" LOGICAL pgoutput (SNAPSHOT 'export', TWO_PHASE true, FAILOVER true)"
         );
         assert_eq!(
             create_slot_command(
                 "s",
                 SlotPersistence::Temporary,
                 SnapshotAction::Nothing,
-                false,
+                SlotOptions::default(),
                 140_005
             ),
             "CREATE_REPLICATION_SLOT \"s\" TEMPORARY LOGICAL pgoutput NOEXPORT_SNAPSHOT"

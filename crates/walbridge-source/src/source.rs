@@ -17,7 +17,7 @@ use crate::config::{OriginFilter, SourceConfig};
 pub use crate::error::SourceError;
 use crate::feedback::Feedback;
 use crate::pgoutput::{Decoder, Message};
-use crate::slot::{self, SlotPersistence, SnapshotAction};
+use crate::slot::{self, SlotOptions, SlotPersistence, SnapshotAction};
 use crate::snapshot::{SnapshotError, SnapshotProgress, copy_tables};
 use crate::spill;
 pub use crate::state::SourceState;
@@ -528,7 +528,14 @@ impl Source {
                     "source `{name}`: slot \"{slot_name}\" exists but walbridge's data_dir has no record of copying its tables; set copy_data = false to stream from the slot as it is, or run `walbridge drop --source {name}` to start over"
                 )));
             }
-            (Some(_), _) => {}
+            (Some(existing), _) => {
+                if self.config.failover && !existing.failover {
+                    slot::set_failover(&mut conn, &slot_name)
+                        .await
+                        .map_err(|e| self.err(e))?;
+                    tracing::info!(source = %name, slot = %slot_name, "the slot is now synchronized to standbys (failover)");
+                }
+            }
         }
         self.stream(conn, events, flushed, shutdown, assembler, feedback)
             .await
@@ -553,7 +560,10 @@ impl Source {
             &slot_name,
             SlotPersistence::Permanent,
             action,
-            self.config.two_phase,
+            SlotOptions {
+                two_phase: self.config.two_phase,
+                failover: self.config.failover,
+            },
         )
         .await
         .map_err(|e| self.err(e))?;
@@ -849,6 +859,7 @@ impl Source {
                                 // Downstream records a message just past its LSN.
                                 let end = Lsn(m.lsn.0.saturating_add(1));
                                 if m.prefix != HEARTBEAT_PREFIX && end > feedback.last_emitted_end {
+                                    let mut lost = None;
                                     self.deliver(
                                         &mut conn,
                                         events,
@@ -856,10 +867,14 @@ impl Source {
                                         shutdown,
                                         assembler,
                                         feedback,
+                                        &mut lost,
                                         vec![SourceEvent::Message(m)],
                                     )
                                     .await?;
                                     feedback.last_emitted_end = end;
+                                    if let Some(e) = lost {
+                                        return Err(e);
+                                    }
                                 }
                             }
                             Assembled::Committed(txn) => {
@@ -898,6 +913,10 @@ impl Source {
             return Ok(());
         }
         let info = txn.info.clone();
+        // The transaction is all here: it goes downstream whole even if the
+        // connection breaks meanwhile (a unit cut in the middle would stay
+        // in the log until the next start), and then the break is reported.
+        let mut lost = None;
         let mut batch = Vec::with_capacity(MAX_BATCH.min(txn.changes.len() + 2));
         batch.push(SourceEvent::Begin(info.clone()));
         for change in txn
@@ -910,22 +929,28 @@ impl Source {
             batch.push(SourceEvent::Change(change));
             if batch.len() >= MAX_BATCH {
                 let full = std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH));
-                self.deliver(conn, events, flushed, shutdown, assembler, feedback, full)
-                    .await?;
+                self.deliver(
+                    conn, events, flushed, shutdown, assembler, feedback, &mut lost, full,
+                )
+                .await?;
             }
         }
         batch.push(SourceEvent::Commit(info.clone()));
-        self.deliver(conn, events, flushed, shutdown, assembler, feedback, batch)
-            .await?;
+        self.deliver(
+            conn, events, flushed, shutdown, assembler, feedback, &mut lost, batch,
+        )
+        .await?;
         feedback.last_emitted_end = info.end_lsn;
         self.stats
             .transactions
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(())
+        lost.map_or(Ok(()), Err)
     }
 
     /// Hands a batch of events downstream, waiting for room; while waiting, keeps
-    /// the publisher informed so it does not time the connection out. A
+    /// the publisher informed so it does not time the connection out (a
+    /// failure to is kept in `lost`, and the wait goes on: the caller
+    /// reports it once its unit is whole downstream). A
     /// stop request ends the wait ([`SourceError::Stopped`]): what was not
     /// handed over was never confirmed, so the publisher sends it again.
     #[allow(clippy::too_many_arguments)]
@@ -937,6 +962,7 @@ impl Source {
         shutdown: &watch::Receiver<bool>,
         assembler: &Assembler,
         feedback: &mut Feedback,
+        lost: &mut Option<SourceError>,
         batch: EventBatch,
     ) -> Result<(), SourceError> {
         let name = &self.config.name;
@@ -951,9 +977,11 @@ impl Source {
                 _ = async { stop.wait_for(|stop| *stop).await.is_ok() } => {
                     return Err(SourceError::Stopped(name.clone()));
                 }
-                _ = tokio::time::sleep(Duration::from_secs(self.config.status_interval)) => {
+                _ = tokio::time::sleep(Duration::from_secs(self.config.status_interval)), if lost.is_none() => {
                     let acked = *flushed.borrow();
-                    self.send_status(conn, feedback, acked, assembler).await?;
+                    if let Err(e) = self.send_status(conn, feedback, acked, assembler).await {
+                        *lost = Some(e);
+                    }
                 }
             }
         }

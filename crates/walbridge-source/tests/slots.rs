@@ -1,7 +1,9 @@
 //! Slot commands against a real server: both syntaxes, permanent and
 //! temporary, every snapshot action; dropping; looking slots up.
 
-use walbridge_source::slot::{self, SlotPersistence, SnapshotAction, create_slot_command};
+use walbridge_source::slot::{
+    self, SlotOptions, SlotPersistence, SnapshotAction, create_slot_command,
+};
 use walbridge_source::wire::{ConnParams, ReplicationConnection};
 use walbridge_tests::Cluster;
 
@@ -24,7 +26,7 @@ async fn create_use_and_drop_slots_in_both_syntaxes() {
         "exported",
         SlotPersistence::Permanent,
         SnapshotAction::Export,
-        false,
+        SlotOptions::default(),
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
@@ -56,7 +58,13 @@ async fn create_use_and_drop_slots_in_both_syntaxes() {
             SnapshotAction::Nothing,
         ),
     ] {
-        let command = create_slot_command(slot_name, persistence, action, false, 140_000);
+        let command = create_slot_command(
+            slot_name,
+            persistence,
+            action,
+            SlotOptions::default(),
+            140_000,
+        );
         conn.simple_query(&command)
             .await
             .unwrap_or_else(|e| panic!("{command}: {e}"));
@@ -75,7 +83,7 @@ async fn create_use_and_drop_slots_in_both_syntaxes() {
         "used",
         SlotPersistence::Temporary,
         SnapshotAction::Use,
-        false,
+        SlotOptions::default(),
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
@@ -94,7 +102,10 @@ async fn create_use_and_drop_slots_in_both_syntaxes() {
             "twophase",
             SlotPersistence::Permanent,
             SnapshotAction::Nothing,
-            true,
+            SlotOptions {
+                two_phase: true,
+                failover: false,
+            },
         )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -102,6 +113,30 @@ async fn create_use_and_drop_slots_in_both_syntaxes() {
             pg.psql("SELECT two_phase FROM pg_replication_slots WHERE slot_name = 'twophase'"),
             "t"
         );
+    }
+    if version >= 170_000 {
+        // Failover: at creation, or set on an existing slot.
+        slot::create_slot(
+            &mut conn,
+            "failing_over",
+            SlotPersistence::Permanent,
+            SnapshotAction::Nothing,
+            SlotOptions {
+                two_phase: false,
+                failover: true,
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        slot::set_failover(&mut conn, "twophase")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        for name in ["failing_over", "twophase"] {
+            let info = slot::slot_info(&mut conn, name)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(info.is_some_and(|i| i.failover), "{name}");
+        }
     }
     for name in ["exported", "old_nothing"] {
         slot::drop_slot(&mut conn, name, false)

@@ -17,7 +17,7 @@ use tokio::net::{TcpStream, UnixStream};
 
 use walbridge_pg::{
     ConnParams, ConnectError, Host, SESSION_SETTINGS, TlsError, TlsSettings, describe_pg_error,
-    parse_server_version,
+    endpoint_display, parse_server_version,
 };
 
 use super::batching::{LOW_WATER, ReadBatching};
@@ -95,6 +95,17 @@ pub enum ConnectionError {
     /// The server closed the connection.
     #[error("the server closed the connection")]
     Closed,
+    /// Every host answered, none is what `target_session_attrs` asks for
+    /// (a failover under way, say).
+    #[error(
+        "none of {tried} is {attrs} (target_session_attrs = {attrs}): after a failover, wait for a standby to be promoted, or list the new primary's host"
+    )]
+    NoSuitableHost {
+        /// The `target_session_attrs` asked for.
+        attrs: &'static str,
+        /// The hosts tried, `host:port` separated by `, `.
+        tried: String,
+    },
     /// A SQL connection (tokio-postgres) failed.
     #[error("{}", describe_pg_error(.0))]
     Sql(#[from] tokio_postgres::Error),
@@ -116,9 +127,10 @@ impl ConnectionError {
     /// WAL senders is not: see `SourceError::is_transient`.)
     pub fn is_transient(&self) -> bool {
         match self {
-            ConnectionError::Connect { .. } | ConnectionError::Io(_) | ConnectionError::Closed => {
-                true
-            }
+            ConnectionError::Connect { .. }
+            | ConnectionError::Io(_)
+            | ConnectionError::Closed
+            | ConnectionError::NoSuitableHost { .. } => true,
             // tokio-postgres reports unreachable servers and broken connections without a SQLSTATE.
             ConnectionError::Sql(e) if e.code().is_none() => true,
             _ => self
@@ -192,30 +204,22 @@ impl std::fmt::Debug for ReplicationConnection {
     }
 }
 
-fn target_of(host: &Host, port: u16) -> String {
-    match host {
-        Host::Tcp(h) => format!("{h}:{port}"),
-        Host::Unix(dir) => format!("{}/.s.PGSQL.{port}", dir.display()),
-    }
-}
-
 async fn open_socket(
     params: &ConnParams,
     host: &Host,
+    port: u16,
     tls: Option<&TlsSettings>,
 ) -> Result<(Box<dyn Io>, ReadBatching), ConnectionError> {
-    let target = target_of(host, params.port);
+    let target = endpoint_display(host, port);
     let connect = async {
         match host {
-            Host::Tcp(h) => TcpStream::connect((h.as_str(), params.port))
-                .await
-                .map(|s| {
-                    // Status updates are small and latency-sensitive.
-                    let _ = s.set_nodelay(true);
-                    let batching = ReadBatching::for_tcp(&s);
-                    (Box::new(s) as Box<dyn Io>, batching)
-                }),
-            Host::Unix(dir) => UnixStream::connect(dir.join(format!(".s.PGSQL.{}", params.port)))
+            Host::Tcp(h) => TcpStream::connect((h.as_str(), port)).await.map(|s| {
+                // Status updates are small and latency-sensitive.
+                let _ = s.set_nodelay(true);
+                let batching = ReadBatching::for_tcp(&s);
+                (Box::new(s) as Box<dyn Io>, batching)
+            }),
+            Host::Unix(dir) => UnixStream::connect(dir.join(format!(".s.PGSQL.{port}")))
                 .await
                 .map(|s| (Box::new(s) as Box<dyn Io>, ReadBatching::eager())),
         }
@@ -268,32 +272,66 @@ impl ReplicationConnection {
     ) -> Result<Self, ConnectionError> {
         let tls = TlsSettings::new(params)?;
         let mut last_error = None;
-        for host in &params.hosts {
-            match Self::connect_host(params, host, tls.as_ref(), application_name).await {
-                Ok(conn) => return Ok(conn),
+        let mut unsuitable = Vec::new();
+        for (host, port) in params.endpoints() {
+            let mut conn = match Self::connect_host(
+                params,
+                host,
+                port,
+                tls.as_ref(),
+                application_name,
+            )
+            .await
+            {
+                Ok(conn) => conn,
                 Err(e @ (ConnectionError::Connect { .. } | ConnectionError::Io(_))) => {
-                    last_error = Some(e)
+                    last_error = Some(e);
+                    continue;
                 }
                 Err(e) => return Err(e),
+            };
+            let Some(query) = params.target_session_attrs.query() else {
+                return Ok(conn);
+            };
+            let answer = conn.simple_query(query).await?;
+            let value = |column: usize| {
+                answer
+                    .first()
+                    .and_then(|r| r.rows.first())
+                    .and_then(|row| row.get(column).cloned().flatten())
+                    .unwrap_or_default()
+            };
+            if params.target_session_attrs.accepts(&value(0), &value(1)) {
+                return Ok(conn);
             }
+            unsuitable.push(endpoint_display(host, port));
+            conn.close().await;
         }
-        Err(last_error.unwrap_or(ConnectionError::Closed))
+        match last_error {
+            Some(e) if unsuitable.is_empty() => Err(e),
+            _ if !unsuitable.is_empty() => Err(ConnectionError::NoSuitableHost {
+                attrs: params.target_session_attrs.as_str(),
+                tried: unsuitable.join(", "),
+            }),
+            _ => Err(ConnectionError::Closed),
+        }
     }
 
     async fn connect_host(
         params: &ConnParams,
         host: &Host,
+        port: u16,
         tls: Option<&TlsSettings>,
         application_name: &str,
     ) -> Result<Self, ConnectionError> {
-        let (io, batching) = open_socket(params, host, tls).await?;
+        let (io, batching) = open_socket(params, host, port, tls).await?;
         let mut conn = ReplicationConnection {
             io,
             batching,
             read_buf: BytesMut::with_capacity(64 * 1024),
             write_buf: BytesMut::new(),
             parameters: HashMap::new(),
-            target: target_of(host, params.port),
+            target: endpoint_display(host, port),
         };
         let app = params
             .application_name
@@ -631,6 +669,9 @@ impl From<ConnectError> for ConnectionError {
             ConnectError::Tls(e) => ConnectionError::Tls(e),
             ConnectError::Sql(e) => ConnectionError::Sql(e),
             ConnectError::NoHost => ConnectionError::Closed,
+            ConnectError::NoSuitableHost { attrs, tried } => {
+                ConnectionError::NoSuitableHost { attrs, tried }
+            }
         }
     }
 }
