@@ -118,7 +118,14 @@ fn invalidated_slot_is_reported() {
         pg.psql("SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'walbridge_src'"),
         "lost"
     );
-    assert_check_fails(&wb, "was invalidated (wal_status = lost)");
+    // The cause as the server says it (PostgreSQL 17+), else as wal_status does.
+    let cause = if pg.version_num() >= 170_000 {
+        "was invalidated (invalidation_reason = wal_removed): the server removed WAL it still needed, as max_slot_wal_keep_size allows"
+    } else {
+        "was invalidated (wal_status = lost): the server removed WAL it still needed, as max_slot_wal_keep_size allows"
+    };
+    assert_check_fails(&wb, cause);
+    assert_check_fails(&wb, "run `walbridge drop --source src` and start walbridge");
 }
 
 #[test]

@@ -292,10 +292,8 @@ async fn slot_checks(
                     "source `{name}`: slot \"{slot_name}\" exists but is not a pgoutput logical slot: choose another `slot` name or drop it"
                 )));
             }
-            if slot.wal_status.as_deref() == Some("lost") {
-                findings.push(error(format!(
-                    "source `{name}`: slot \"{slot_name}\" was invalidated (wal_status = lost): the server removed WAL it still needed; run `walbridge drop --source {name}` and start again to re-copy the tables (and raise max_slot_wal_keep_size)"
-                )));
+            if slot.is_lost() {
+                findings.push(error(slot::lost_slot_message(name, &slot_name, &slot)));
             }
             if slot.active {
                 let pid = slot.active_pid.map_or_else(|| "another process".to_owned(), |p| format!("process {p}"));

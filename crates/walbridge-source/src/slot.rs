@@ -25,6 +25,44 @@ pub struct SlotInfo {
     pub two_phase: bool,
     /// Synchronized to standbys (`failover`, PostgreSQL 17+).
     pub failover: bool,
+    /// Why the server invalidated the slot (`invalidation_reason`,
+    /// PostgreSQL 17+: `wal_removed`, `rows_removed`,
+    /// `wal_level_insufficient`, `idle_timeout`), if it did.
+    pub invalidation_reason: Option<String>,
+}
+
+impl SlotInfo {
+    /// Whether the server invalidated the slot: it can stream no more.
+    pub fn is_lost(&self) -> bool {
+        self.wal_status.as_deref() == Some("lost") || self.invalidation_reason.is_some()
+    }
+}
+
+/// The one line that says a slot was invalidated: which, why, and what
+/// to do.
+pub fn lost_slot_message(source: &str, slot: &str, info: &SlotInfo) -> String {
+    let cause = match info.invalidation_reason.as_deref() {
+        Some("idle_timeout") => {
+            "it was unused for longer than idle_replication_slot_timeout; raise that setting (or 0 for none) so a stopped walbridge keeps its slot"
+        }
+        Some("rows_removed") => {
+            "catalog rows it needed were removed (on a standby: set hot_standby_feedback = on)"
+        }
+        Some("wal_level_insufficient") => {
+            "wal_level was lowered below logical; set it back to logical"
+        }
+        // `wal_removed`, or a server that does not say (wal_status = lost).
+        _ => {
+            "the server removed WAL it still needed, as max_slot_wal_keep_size allows; raise max_slot_wal_keep_size (or -1 for no limit)"
+        }
+    };
+    format!(
+        "source `{source}`: slot \"{slot}\" was invalidated ({}): {cause}. The changes since walbridge last confirmed are gone from the publisher; to copy the tables again run `walbridge drop --source {source}` and start walbridge",
+        info.invalidation_reason.as_deref().map_or_else(
+            || "wal_status = lost".to_owned(),
+            |r| format!("invalidation_reason = {r}")
+        )
+    )
 }
 
 /// The options a slot is created with (fixed then, but for `failover`,
@@ -224,13 +262,13 @@ pub async fn slot_info(
     } else {
         "false"
     };
-    let failover = if version >= 170_000 {
-        "failover"
+    let (failover, invalidation_reason) = if version >= 170_000 {
+        ("failover", "invalidation_reason")
     } else {
-        "false"
+        ("false", "NULL")
     };
     let sql = format!(
-        "SELECT plugin, database, active, active_pid, confirmed_flush_lsn, wal_status, {two_phase} AS two_phase, {failover} AS failover \
+        "SELECT plugin, database, active, active_pid, confirmed_flush_lsn, wal_status, {two_phase} AS two_phase, {failover} AS failover, {invalidation_reason} AS invalidation_reason \
          FROM pg_replication_slots WHERE slot_name = {}",
         quote_literal(name)
     );
@@ -247,6 +285,7 @@ pub async fn slot_info(
         wal_status: r.get(0, "wal_status").map(str::to_owned),
         two_phase: r.get(0, "two_phase") == Some("t"),
         failover: r.get(0, "failover") == Some("t"),
+        invalidation_reason: r.get(0, "invalidation_reason").map(str::to_owned),
     }))
 }
 

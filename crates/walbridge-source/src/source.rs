@@ -528,6 +528,12 @@ impl Source {
                     "source `{name}`: slot \"{slot_name}\" exists but walbridge's data_dir has no record of copying its tables; set copy_data = false to stream from the slot as it is, or run `walbridge drop --source {name}` to start over"
                 )));
             }
+            // Lost while walbridge ran (the preflight saw it whole).
+            (Some(existing), _) if existing.is_lost() => {
+                return Err(SourceError::Slot(slot::lost_slot_message(
+                    name, &slot_name, existing,
+                )));
+            }
             (Some(existing), _) => {
                 if self.config.failover && !existing.failover {
                     slot::set_failover(&mut conn, &slot_name)
