@@ -47,6 +47,21 @@ pub const WORKLOAD_SCHEMA: &str = "CREATE TABLE t (id bigint PRIMARY KEY, n int,
      CREATE TABLE g (id bigint PRIMARY KEY);
      CREATE TABLE big (id bigint PRIMARY KEY, pad text)";
 
+/// Waits until each [`WORKLOAD_SCHEMA`] table of `target` equals the
+/// `publisher`'s; fails with `context()` when one does not in `timeout`.
+pub fn assert_workload_replicated(
+    publisher: &Cluster,
+    target: &Cluster,
+    timeout: std::time::Duration,
+    context: &dyn Fn() -> String,
+) {
+    for (table, columns) in [("t", "id, n, pad"), ("g", "id"), ("big", "id, pad")] {
+        let expected = publisher.table_digest("postgres", table, columns);
+        let got = target.wait_for_digest("postgres", table, columns, &expected, timeout);
+        assert_eq!(got, expected, "table {table} differs; {}", context());
+    }
+}
+
 /// The SQL of transaction `i` of a mixed workload on [`WORKLOAD_SCHEMA`]
 /// (one-row inserts, updates that increment a counter, inserts and
 /// deletes, 100-row updates, 5,000-row inserts that stream) and the number

@@ -437,14 +437,23 @@ impl Cluster {
 
     /// An ordered digest of a table's contents in `dbname`: equal digests
     /// mean equal rows (compared in their text form, with the columns
-    /// listed in `columns` — `*` for all — sorted by their text).
+    /// listed in `columns` — `*` for all — sorted by their text). `table`
+    /// may carry a `WHERE` clause.
     pub fn table_digest(&self, dbname: &str, table: &str, columns: &str) -> String {
-        self.psql_db(
-            dbname,
-            &format!(
-                "SELECT count(*) || ':' || coalesce(md5(string_agg(r::text, '|' ORDER BY r::text)), '') FROM (SELECT {columns} FROM {table}) r"
-            ),
-        )
+        self.psql_db(dbname, &digest_query(table, columns))
+    }
+
+    /// Waits until [`Cluster::table_digest`] is `expected` or `timeout`
+    /// passes; returns the last digest.
+    pub fn wait_for_digest(
+        &self,
+        dbname: &str,
+        table: &str,
+        columns: &str,
+        expected: &str,
+        timeout: Duration,
+    ) -> String {
+        self.wait_for_db(dbname, &digest_query(table, columns), expected, timeout)
     }
 
     /// Waits until `sql` on `dbname` returns `expected` or `timeout` passes; returns the last value.
@@ -594,6 +603,13 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The query of [`Cluster::table_digest`].
+fn digest_query(table: &str, columns: &str) -> String {
+    format!(
+        "SELECT count(*) || ':' || coalesce(md5(string_agg(r::text, '|' ORDER BY r::text)), '') FROM (SELECT {columns} FROM {table}) r"
+    )
 }
 
 fn pg_ctl_start(bin_dir: Option<&Path>, dir: &Path, port: u16) -> Result<(), String> {

@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use walbridge_tests::fixtures::{
-    Rng, WORKLOAD_SCHEMA, assert_replays_to_publisher, crash_seed, transaction,
+    Rng, WORKLOAD_SCHEMA, assert_replays_to_publisher, assert_workload_replicated, crash_seed,
+    transaction,
 };
 use walbridge_tests::walbridge::{Deployment, Running};
 use walbridge_tests::{Cluster, feed, free_port};
@@ -52,32 +53,6 @@ fn downstream(ports: &[u16], target: &Cluster, sink_extra: &str) -> Deployment {
         target.superuser()
     ));
     wb
-}
-
-fn digest(cluster: &Cluster, table: &str, columns: &str) -> String {
-    cluster.query_scalar(&format!(
-        "SELECT count(*) || ':' || coalesce(md5(string_agg(r::text, '|' ORDER BY r::text)), '') FROM (SELECT {columns} FROM {table}) r"
-    ))
-}
-
-const TABLES: [(&str, &str); 3] = [("t", "id, n, pad"), ("g", "id"), ("big", "id, pad")];
-
-fn assert_target_equals_publisher(
-    publisher: &Cluster,
-    target: &Cluster,
-    context: &dyn Fn() -> String,
-) {
-    for (table, columns) in TABLES {
-        let expected = digest(publisher, table, columns);
-        let got = target.wait_for(
-            &format!(
-                "SELECT count(*) || ':' || coalesce(md5(string_agg(r::text, '|' ORDER BY r::text)), '') FROM (SELECT {columns} FROM {table}) r"
-            ),
-            &expected,
-            WAIT,
-        );
-        assert_eq!(got, expected, "table {table} differs; {}", context());
-    }
 }
 
 #[test]
@@ -167,7 +142,7 @@ fn a_cascade_over_the_feed_is_exact_whichever_walbridge_is_killed() {
             context()
         )
     };
-    assert_target_equals_publisher(&publisher, &target, &context);
+    assert_workload_replicated(&publisher, &target, WAIT, &context);
     let [Some(one), Some(two)] = running else {
         panic!("not running; {}", context())
     };
@@ -227,11 +202,11 @@ fn feeds_of_several_walbridges_fan_into_one_target() {
         ));
     }
     for (i, (publisher, origin)) in publishers.iter().zip(["src", "src2"]).enumerate() {
-        let expected = digest(publisher, "orders", "id, amount");
-        let got = target.wait_for(
-            &format!(
-                "SELECT count(*) || ':' || coalesce(md5(string_agg(r::text, '|' ORDER BY r::text)), '') FROM (SELECT id, amount FROM orders WHERE origin = '{origin}') r"
-            ),
+        let expected = publisher.table_digest("postgres", "orders", "id, amount");
+        let got = target.wait_for_digest(
+            "postgres",
+            &format!("orders WHERE origin = '{origin}'"),
+            "id, amount",
             &expected,
             WAIT,
         );

@@ -300,13 +300,7 @@ fn replica_identities_full_with_duplicates_nothing_no_key_and_index() {
             "*"
         };
         let expected = p.table_digest("postgres", table, columns);
-        let got = s.wait_for(
-            &format!(
-                "SELECT count(*) || ':' || coalesce(md5(string_agg(r::text, '|' ORDER BY r::text)), '') FROM (SELECT {columns} FROM {table}) r"
-            ),
-            &expected,
-            WAIT,
-        );
+        let got = s.wait_for_digest("postgres", table, columns, &expected, WAIT);
         assert_eq!(got, expected, "{table}; log:\n{}", r.wb.log());
     }
     let status = running.stop(WAIT);

@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use walbridge_tests::Cluster;
-use walbridge_tests::fixtures::{Rng, WORKLOAD_SCHEMA, crash_seed, write_while_killing};
+use walbridge_tests::fixtures::{
+    Rng, WORKLOAD_SCHEMA, assert_workload_replicated, crash_seed, write_while_killing,
+};
 use walbridge_tests::walbridge::Deployment;
 
 const WAIT: Duration = Duration::from_secs(300);
@@ -76,17 +78,7 @@ fn kill_9_during_heavy_apply_loses_and_repeats_nothing() {
             wb.log()
         )
     };
-    for (table, columns) in [("t", "id, n, pad"), ("g", "id"), ("big", "id, pad")] {
-        let expected = publisher.table_digest("postgres", table, columns);
-        let got = subscriber.wait_for(
-            &format!(
-                "SELECT count(*) || ':' || coalesce(md5(string_agg(r::text, '|' ORDER BY r::text)), '') FROM (SELECT {columns} FROM {table}) r"
-            ),
-            &expected,
-            WAIT,
-        );
-        assert_eq!(got, expected, "table {table} differs; {}", context());
-    }
+    assert_workload_replicated(&publisher, &subscriber, WAIT, &context);
     let status = running.stop(WAIT);
     assert!(status.success(), "{}", context());
     assert!(kills >= 10);

@@ -208,14 +208,13 @@ pub async fn connect_sql(
         }
         unsuitable.push(crate::params::endpoint_display(host, port));
     }
-    match last_error {
-        Some(e) if unsuitable.is_empty() => Err(ConnectError::Sql(e)),
-        _ if !unsuitable.is_empty() => Err(ConnectError::NoSuitableHost {
+    if !unsuitable.is_empty() {
+        return Err(ConnectError::NoSuitableHost {
             attrs: params.target_session_attrs.as_str(),
             tried: unsuitable.join(", "),
-        }),
-        _ => Err(ConnectError::NoHost),
+        });
     }
+    Err(last_error.map_or(ConnectError::NoHost, ConnectError::Sql))
 }
 
 #[cfg(test)]

@@ -87,7 +87,7 @@ pub fn explain_connection_error(source: &str, target: &str, e: &ConnectionError)
             "source `{source}`: {target} has no free connection or WAL sender ({e}): raise max_wal_senders / max_connections, or stop unused consumers"
         ),
         Some("3D000") => format!("source `{source}`: {e}: check `dbname` in `connection`"),
-        _ if matches!(e, ConnectionError::NoSuitableHost { .. }) => {
+        _ if matches!(e, ConnectionError::NoSuitableHost(_)) => {
             format!("source `{source}`: {e}")
         }
         _ if e.is_transient() => format!(

@@ -18,4 +18,6 @@ mod state;
 pub mod wire;
 
 pub use config::SourceConfig;
-pub use source::{Downstream, HEARTBEAT_PREFIX, Source, SourceError, SourcePhase, SourceStats};
+pub use source::{
+    Backoff, Downstream, HEARTBEAT_PREFIX, Source, SourceError, SourcePhase, SourceStats,
+};

@@ -48,6 +48,51 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 /// The longest wait between two connection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
+/// The wait before a source connects again after a transient failure:
+/// [`FIRST_BACKOFF`], doubling with every failure in a row up to
+/// [`MAX_BACKOFF`], and back to the first once a connection streamed.
+#[derive(Debug)]
+pub struct Backoff {
+    next: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            next: FIRST_BACKOFF,
+        }
+    }
+}
+
+impl Backoff {
+    /// After a connection that streamed: the next failure waits the least.
+    pub fn reset(&mut self) {
+        self.next = FIRST_BACKOFF;
+    }
+
+    /// Counts a reconnect of `source` on `stats`, logs `error` with the
+    /// wait, and waits; false when `shutdown` came first.
+    pub async fn wait(
+        &mut self,
+        stats: &SourceStats,
+        source: &str,
+        error: impl std::fmt::Display,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> bool {
+        stats.set_phase(SourcePhase::Reconnecting);
+        stats
+            .reconnects
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let wait = self.next;
+        tracing::warn!(source = %source, "{error}; retrying in {wait:?}");
+        self.next = (wait * 2).min(MAX_BACKOFF);
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => true,
+            _ = shutdown.changed() => false,
+        }
+    }
+}
+
 /// Changes per batch handed downstream; a large transaction goes in several.
 const MAX_BATCH: usize = 256;
 
@@ -397,7 +442,7 @@ impl Source {
         let mut feedback = Feedback::new(resume_after, applied);
         let _stopped = StoppedOnDrop(&self.stats);
         let mut checked = false;
-        let mut backoff = FIRST_BACKOFF;
+        let mut backoff = Backoff::default();
         loop {
             let result = if checked {
                 Ok(())
@@ -420,21 +465,17 @@ impl Source {
             };
             assembler.reset();
             if std::mem::take(&mut feedback.streamed) {
-                backoff = FIRST_BACKOFF;
+                backoff.reset();
             }
             match result {
                 Ok(()) | Err(SourceError::Stopped(_)) => return Ok(()),
                 Err(e) if e.is_transient() && !*shutdown.borrow() => {
-                    self.stats.set_phase(SourcePhase::Reconnecting);
-                    self.stats
-                        .reconnects
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    tracing::warn!(source = %self.config.name, "{e}; retrying in {backoff:?}");
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
-                        _ = shutdown.changed() => return Ok(()),
+                    if !backoff
+                        .wait(&self.stats, &self.config.name, e, &mut shutdown)
+                        .await
+                    {
+                        return Ok(());
                     }
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
                 Err(e) => return Err(e),
             }

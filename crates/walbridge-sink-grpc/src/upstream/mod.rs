@@ -40,7 +40,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use walbridge_core::{Lsn, SnapshotBatch, SourceEvent, TransactionInfo};
 use walbridge_log::Appender;
-use walbridge_source::{Downstream, SourcePhase, SourceStats};
+use walbridge_source::{Backoff, Downstream, SourcePhase, SourceStats};
 
 pub use config::{FeedSourceConfig, FeedStart};
 use decode::{Malformed, Relations};
@@ -54,11 +54,6 @@ pub const UNIT_BUFFER: usize = 16 << 20;
 
 /// Events per batch handed to the log.
 const BATCH: usize = 256;
-
-/// The first wait before subscribing again after a transient failure; it
-/// doubles with every failure in a row, up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(500);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// How long connecting to the feed may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -311,7 +306,7 @@ impl FeedSource {
             ..
         } = downstream;
         let mut handed = resume_after;
-        let mut backoff = FIRST_BACKOFF;
+        let mut backoff = Backoff::default();
         let result = loop {
             self.stats.set_phase(SourcePhase::Starting);
             let mut streamed = false;
@@ -325,19 +320,17 @@ impl FeedSource {
                 )
                 .await;
             if streamed {
-                backoff = FIRST_BACKOFF;
+                backoff.reset();
             }
             match result {
                 Ok(()) => break Ok(()),
                 Err(e) if e.is_transient() && !*shutdown.borrow() => {
-                    self.stats.set_phase(SourcePhase::Reconnecting);
-                    self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(source = %self.config.name, "{e}; subscribing again in {backoff:?}");
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
-                        _ = shutdown.changed() => break Ok(()),
+                    if !backoff
+                        .wait(&self.stats, &self.config.name, e, &mut shutdown)
+                        .await
+                    {
+                        break Ok(());
                     }
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
                 Err(e) => break Err(e),
             }

@@ -96,16 +96,9 @@ pub enum ConnectionError {
     #[error("the server closed the connection")]
     Closed,
     /// Every host answered, none is what `target_session_attrs` asks for
-    /// (a failover under way, say).
-    #[error(
-        "none of {tried} is {attrs} (target_session_attrs = {attrs}): after a failover, wait for a standby to be promoted, or list the new primary's host"
-    )]
-    NoSuitableHost {
-        /// The `target_session_attrs` asked for.
-        attrs: &'static str,
-        /// The hosts tried, `host:port` separated by `, `.
-        tried: String,
-    },
+    /// (a failover under way, say): [`ConnectError::NoSuitableHost`].
+    #[error(transparent)]
+    NoSuitableHost(ConnectError),
     /// A SQL connection (tokio-postgres) failed.
     #[error("{}", describe_pg_error(.0))]
     Sql(#[from] tokio_postgres::Error),
@@ -130,7 +123,7 @@ impl ConnectionError {
             ConnectionError::Connect { .. }
             | ConnectionError::Io(_)
             | ConnectionError::Closed
-            | ConnectionError::NoSuitableHost { .. } => true,
+            | ConnectionError::NoSuitableHost(_) => true,
             // tokio-postgres reports unreachable servers and broken connections without a SQLSTATE.
             ConnectionError::Sql(e) if e.code().is_none() => true,
             _ => self
@@ -307,14 +300,15 @@ impl ReplicationConnection {
             unsuitable.push(endpoint_display(host, port));
             conn.close().await;
         }
-        match last_error {
-            Some(e) if unsuitable.is_empty() => Err(e),
-            _ if !unsuitable.is_empty() => Err(ConnectionError::NoSuitableHost {
-                attrs: params.target_session_attrs.as_str(),
-                tried: unsuitable.join(", "),
-            }),
-            _ => Err(ConnectionError::Closed),
+        if !unsuitable.is_empty() {
+            return Err(ConnectionError::NoSuitableHost(
+                ConnectError::NoSuitableHost {
+                    attrs: params.target_session_attrs.as_str(),
+                    tried: unsuitable.join(", "),
+                },
+            ));
         }
+        Err(last_error.unwrap_or(ConnectionError::Closed))
     }
 
     async fn connect_host(
@@ -669,9 +663,7 @@ impl From<ConnectError> for ConnectionError {
             ConnectError::Tls(e) => ConnectionError::Tls(e),
             ConnectError::Sql(e) => ConnectionError::Sql(e),
             ConnectError::NoHost => ConnectionError::Closed,
-            ConnectError::NoSuitableHost { attrs, tried } => {
-                ConnectionError::NoSuitableHost { attrs, tried }
-            }
+            e @ ConnectError::NoSuitableHost { .. } => ConnectionError::NoSuitableHost(e),
         }
     }
 }
