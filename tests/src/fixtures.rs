@@ -254,3 +254,59 @@ pub fn write_while_killing(
     });
     (running, kills, written)
 }
+
+/// Replays JSON lines of a table with columns `id` and `v` into an image
+/// (id to v), failing on any duplicate or gap: a row read or inserted
+/// twice, an update or delete of a row never delivered.
+pub fn replay_image(lines: &[Value]) -> Result<BTreeMap<i64, i64>, String> {
+    let mut table = BTreeMap::new();
+    for l in lines {
+        let id = |row: &Value| row["id"].as_i64().ok_or_else(|| format!("no id in {l}"));
+        match l["op"].as_str() {
+            Some("r") | Some("c") => {
+                let id = id(&l["after"])?;
+                if table
+                    .insert(id, l["after"]["v"].as_i64().unwrap_or(-1))
+                    .is_some()
+                {
+                    return Err(format!("row {id} delivered twice: {l}"));
+                }
+            }
+            Some("u") if l["before"]["id"].is_i64() && l["before"]["id"] != l["after"]["id"] => {
+                // The key changed: the row leaves its old key for a new one.
+                let from = id(&l["before"])?;
+                let Some(_) = table.remove(&from) else {
+                    return Err(format!("row {from} moved, but it was never delivered: {l}"));
+                };
+                let to = id(&l["after"])?;
+                if table
+                    .insert(to, l["after"]["v"].as_i64().unwrap_or(-1))
+                    .is_some()
+                {
+                    return Err(format!("row {from} moved onto row {to}, which exists: {l}"));
+                }
+            }
+            Some("u") => {
+                let id = id(&l["after"])?;
+                if table
+                    .insert(id, l["after"]["v"].as_i64().unwrap_or(-1))
+                    .is_none()
+                {
+                    return Err(format!(
+                        "update of row {id}, which was never delivered: {l}"
+                    ));
+                }
+            }
+            Some("d") => {
+                let id = id(&l["before"])?;
+                if table.remove(&id).is_none() {
+                    return Err(format!(
+                        "delete of row {id}, which was never delivered: {l}"
+                    ));
+                }
+            }
+            other => return Err(format!("unexpected op {other:?}")),
+        }
+    }
+    Ok(table)
+}

@@ -9,49 +9,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use walbridge_tests::Cluster;
+use walbridge_tests::fixtures::replay_image;
 use walbridge_tests::walbridge::Deployment;
 
 const WAIT: Duration = Duration::from_secs(120);
-
-/// Replays JSON lines into a table image, failing on any duplicate or gap.
-fn replay(lines: &[Value]) -> Result<BTreeMap<i64, i64>, String> {
-    let mut table = BTreeMap::new();
-    for l in lines {
-        let id = |row: &Value| row["id"].as_i64().ok_or_else(|| format!("no id in {l}"));
-        match l["op"].as_str() {
-            Some("r") | Some("c") => {
-                let id = id(&l["after"])?;
-                if table
-                    .insert(id, l["after"]["v"].as_i64().unwrap_or(-1))
-                    .is_some()
-                {
-                    return Err(format!("row {id} delivered twice: {l}"));
-                }
-            }
-            Some("u") => {
-                let id = id(&l["after"])?;
-                if table
-                    .insert(id, l["after"]["v"].as_i64().unwrap_or(-1))
-                    .is_none()
-                {
-                    return Err(format!(
-                        "update of row {id}, which was never delivered: {l}"
-                    ));
-                }
-            }
-            Some("d") => {
-                let id = id(&l["before"])?;
-                if table.remove(&id).is_none() {
-                    return Err(format!(
-                        "delete of row {id}, which was never delivered: {l}"
-                    ));
-                }
-            }
-            other => return Err(format!("unexpected op {other:?}")),
-        }
-    }
-    Ok(table)
-}
 
 #[test]
 fn parallel_chunked_snapshot_under_concurrent_writes_matches_the_publisher() {
@@ -140,7 +101,7 @@ fn parallel_chunked_snapshot_under_concurrent_writes_matches_the_publisher() {
                 l
             })
             .collect();
-        let image = replay(&lines).unwrap_or_else(|e| panic!("{e}"));
+        let image = replay_image(&lines).unwrap_or_else(|e| panic!("{e}"));
         if image == expected {
             break;
         }

@@ -350,6 +350,10 @@ fn change_to_pb(change: &Change, relations: &mut RecordRelations<'_>) -> pb::Cha
             relation: relations.index(relation),
             new: Some(row_to_pb(new)),
         }),
+        Change::Read { relation, new, .. } => Kind::Read(pb::Insert {
+            relation: relations.index(relation),
+            new: Some(row_to_pb(new)),
+        }),
         Change::Update {
             relation, old, new, ..
         } => Kind::Update(pb::Update {
@@ -594,6 +598,11 @@ fn change_from_pb(
                 lsn,
                 relation: relation(i.relation)?,
                 new: row_from_pb(i.new.unwrap_or_default())?,
+            },
+            Kind::Read(r) => Change::Read {
+                lsn,
+                relation: relation(r.relation)?,
+                new: row_from_pb(r.new.unwrap_or_default())?,
             },
             Kind::Update(u) => Change::Update {
                 lsn,

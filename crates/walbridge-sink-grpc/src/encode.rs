@@ -225,6 +225,7 @@ impl Encoder {
     ) -> Option<pb::Change> {
         let operation = match change {
             Change::Insert { .. } => pb::Operation::Insert,
+            Change::Read { .. } => pb::Operation::Read,
             Change::Update { .. } => pb::Operation::Update,
             Change::Delete { .. } => pb::Operation::Delete,
             Change::Truncate(_) => pb::Operation::Truncate,
@@ -244,7 +245,7 @@ impl Encoder {
             ..Default::default()
         };
         match change {
-            Change::Insert { relation, new, .. } => {
+            Change::Insert { relation, new, .. } | Change::Read { relation, new, .. } => {
                 encoded.relation = self.describe(source, relation, out)?;
                 encoded.new = Some(self.row(source.0, relation, new));
             }

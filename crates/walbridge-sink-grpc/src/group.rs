@@ -71,7 +71,9 @@ pub(crate) fn row_partition(relation: &Relation, row: &Row, count: u32) -> u32 {
 /// go to partition 0.
 pub(crate) fn change_partition(change: &Change, count: u32) -> u32 {
     match change {
-        Change::Insert { relation, new, .. } => row_partition(relation, new, count),
+        Change::Insert { relation, new, .. } | Change::Read { relation, new, .. } => {
+            row_partition(relation, new, count)
+        }
         Change::Update {
             relation, new, old, ..
         } => row_partition(relation, &update_new_row(new, old.as_ref()), count),

@@ -129,12 +129,15 @@ impl Encoder {
     /// Appends the line for a change.
     pub fn change(&self, out: &mut Vec<u8>, at: &Position<'_>, change: &Change) {
         let line = match change {
-            Change::Insert { lsn, relation, new } => json!({
-                "op": "c",
-                "source": self.source(at, Some(relation), *lsn, false),
-                "before": Value::Null,
-                "after": self.row(relation, new, false),
-            }),
+            Change::Insert { lsn, relation, new } | Change::Read { lsn, relation, new } => {
+                let read = matches!(change, Change::Read { .. });
+                json!({
+                    "op": if read { "r" } else { "c" },
+                    "source": self.source(at, Some(relation), *lsn, read),
+                    "before": Value::Null,
+                    "after": self.row(relation, new, false),
+                })
+            }
             Change::Update {
                 lsn,
                 relation,

@@ -1,7 +1,8 @@
 //! From the log's events to Kafka messages: which topic, which key, which
 //! Debezium-style event, independent of how it is encoded.
 //!
-//! * snapshot rows are `op = "r"`, inserts `c`, updates `u`, deletes `d`
+//! * snapshot rows, and rows read while streaming (a new table, a
+//!   re-sync), are `op = "r"`, inserts `c`, updates `u`, deletes `d`
 //!   (followed by a tombstone unless `tombstones = false`);
 //! * an update that changes the key is a delete of the old key (and its
 //!   tombstone) followed by a create of the new one, so compaction keeps
@@ -465,10 +466,14 @@ impl Emitter {
             .get(from.source)
             .and_then(|s| s.transaction.clone());
         let (relation, rows) = match change {
-            Change::Insert { lsn, relation, new } => (
+            Change::Insert { lsn, relation, new } | Change::Read { lsn, relation, new } => (
                 relation,
                 vec![RowChange {
-                    op: Op::Create,
+                    op: if matches!(change, Change::Read { .. }) {
+                        Op::Read
+                    } else {
+                        Op::Create
+                    },
                     lsn: *lsn,
                     before: None,
                     after: Some(new_image(Cow::Borrowed(new))),

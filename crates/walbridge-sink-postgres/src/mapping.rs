@@ -166,7 +166,8 @@ pub struct TableMap {
     pub full_identity: bool,
     /// With `source_column`: its quoted name and the quoted source name.
     pub source_tag: Option<(String, String)>,
-    /// With `on_conflict = "upsert"`: the quoted arbiter columns.
+    /// The quoted arbiter columns of an upsert, when the target has a
+    /// fitting unique index (always, with `on_conflict = "upsert"`).
     pub upsert_key: Option<Vec<String>>,
     /// The source table is a partition whose rows go into the table of
     /// its partition root (which also holds the other partitions' rows).
@@ -333,17 +334,20 @@ impl Mapper {
             ReplicaIdentity::Nothing => Vec::new(),
             ReplicaIdentity::Default | ReplicaIdentity::Index => relation.key_columns().collect(),
         };
+        let upsert_key = upsert_key(
+            relation,
+            &target,
+            &identity,
+            full_identity,
+            self.source_column.as_deref(),
+            &source_table,
+        );
+        // Upserting every insert needs the key now; otherwise only rows
+        // read while streaming do, and they say so when one comes.
         let upsert_key = if self.on_conflict == OnConflict::Upsert {
-            Some(upsert_key(
-                relation,
-                &target,
-                &identity,
-                full_identity,
-                self.source_column.as_deref(),
-                &source_table,
-            )?)
+            Some(upsert_key?)
         } else {
-            None
+            upsert_key.ok()
         };
         self.next_id += 1;
         Ok(TableMap {

@@ -144,6 +144,9 @@ impl ChangeBuffer {
         }
         self.spilled_count = self.count;
         self.memory_bytes = 0;
+        // Drained, the vector would keep its capacity: as large as the
+        // memory threshold allows, for the rest of the transaction.
+        self.memory = Vec::new();
         Ok(())
     }
 

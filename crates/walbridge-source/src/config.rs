@@ -36,6 +36,10 @@ fn default_status_interval() -> u64 {
     10
 }
 
+fn default_backfill_chunk_rows() -> u64 {
+    4096
+}
+
 /// One PostgreSQL database to replicate from.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -102,6 +106,16 @@ pub struct SourceConfig {
     /// alive. Off unless set; the messages are not passed downstream.
     #[serde(default)]
     pub heartbeat_interval: Option<u64>,
+    /// Rows per chunk when a table is copied while streaming (a table
+    /// added to the publication, a re-sync; default 4096): the rows of one
+    /// chunk are held in memory, and writers wait for nothing.
+    #[serde(default = "default_backfill_chunk_rows")]
+    pub backfill_chunk_rows: u64,
+    /// Seconds between two readings of the publications' tables, to find
+    /// tables added (their rows are then copied, if `copy_data`) or
+    /// removed (default 10). A table's first change is noticed at once.
+    #[serde(default = "default_status_interval")]
+    pub refresh_interval: u64,
     /// How often a table being copied logs how far it has come: the
     /// configuration file's top-level `progress_interval`, not a source key.
     #[serde(skip, default = "default_progress_interval")]
@@ -178,6 +192,15 @@ impl SourceConfig {
             problems.push(format!(
                 "{}: must be at least 1 second (leave it out to turn heartbeats off)",
                 at("heartbeat_interval")
+            ));
+        }
+        if self.backfill_chunk_rows == 0 {
+            problems.push(format!("{}: must be at least 1", at("backfill_chunk_rows")));
+        }
+        if self.refresh_interval == 0 {
+            problems.push(format!(
+                "{}: must be at least 1 second",
+                at("refresh_interval")
             ));
         }
         if self.status_interval == 0 {

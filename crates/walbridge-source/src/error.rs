@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use crate::assembler::AssemblyError;
+use crate::backfill::TrackerError;
 use crate::catalog::CatalogError;
 use crate::checks::{Finding, Outlook, Severity};
 use crate::pgoutput::DecodeError;
@@ -46,6 +47,9 @@ pub enum SourceError {
     /// The snapshot failed.
     #[error("source `{0}`: {1}")]
     Snapshot(String, SnapshotError),
+    /// Copying a table while streaming failed.
+    #[error("source `{0}`: {1}")]
+    Backfill(String, crate::backfill::TrackerError),
     /// Spilling failed.
     #[error("source `{0}`: {1}")]
     Spill(String, SpillError),
@@ -77,6 +81,11 @@ impl SourceError {
                 .filter(|f| f.severity == Severity::Error)
                 .all(|f| f.outlook == Outlook::Unreachable),
             SourceError::Snapshot(_, SnapshotError::Connection(_)) => true,
+            // The copy worker's connection, or the catalog's, broke.
+            SourceError::Backfill(_, TrackerError::Worker(_)) => true,
+            SourceError::Backfill(_, TrackerError::Catalog(CatalogError::Query { source, .. })) => {
+                source.is_closed() || source.code().is_none()
+            }
             // The catalog connection broke (the server restarted, say).
             SourceError::Catalog(_, CatalogError::Query { source, .. }) => {
                 source.is_closed() || source.code().is_none()

@@ -5,6 +5,7 @@ mod reader;
 
 pub use reader::ReadError;
 pub mod assembler;
+pub mod backfill;
 pub mod catalog;
 pub mod checks;
 pub mod config;

@@ -8,9 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
-use walbridge_core::{EventBatch, Lsn, Relation, SourceEvent};
+use walbridge_core::{
+    Change, EventBatch, Lsn, PgTimestamp, Relation, SourceEvent, TransactionInfo,
+};
 
 use crate::assembler::{Assembled, Assembler, CommittedTransaction};
+use crate::backfill::{ChunkUnit, Tracker};
 use crate::catalog::{TypeCatalog, describe_table, published_tables};
 use crate::checks::{Finding, Outlook, Severity, check_source, explain_connection_error};
 use crate::config::{OriginFilter, SourceConfig};
@@ -129,7 +132,7 @@ pub struct SourceStats {
     /// Transactions emitted.
     pub transactions: std::sync::atomic::AtomicU64,
     /// Changes emitted, by operation: insert, update, delete, truncate.
-    changes: [std::sync::atomic::AtomicU64; 4],
+    changes: [std::sync::atomic::AtomicU64; walbridge_core::OPERATIONS.len()],
     /// Connections that broke or failed and were tried again.
     pub reconnects: std::sync::atomic::AtomicU64,
     /// The slot as last polled ([`Source::watch_slot`]), and when.
@@ -213,7 +216,7 @@ impl SourceStats {
     }
 
     /// Changes emitted per operation, in [`walbridge_core::OPERATIONS`] order.
-    pub fn changes(&self) -> [u64; 4] {
+    pub fn changes(&self) -> [u64; walbridge_core::OPERATIONS.len()] {
         std::array::from_fn(|i| self.changes[i].load(std::sync::atomic::Ordering::Relaxed))
     }
 
@@ -440,6 +443,7 @@ impl Source {
             .map_err(|e| SourceError::Spill(self.config.name.clone(), e))?;
         let mut assembler = Assembler::new(spill_dir, self.config.spill_threshold.0 as usize);
         let mut feedback = Feedback::new(resume_after, applied);
+        let mut tracker = Tracker::new(self.state_dir.clone());
         let _stopped = StoppedOnDrop(&self.stats);
         let mut checked = false;
         let mut backoff = Backoff::default();
@@ -458,6 +462,7 @@ impl Source {
                         &mut shutdown,
                         &mut assembler,
                         &mut feedback,
+                        &mut tracker,
                     )
                     .await
                 }
@@ -522,6 +527,7 @@ impl Source {
         shutdown: &mut watch::Receiver<bool>,
         assembler: &mut Assembler,
         feedback: &mut Feedback,
+        tracker: &mut Tracker,
     ) -> Result<(), SourceError> {
         let name = &self.config.name;
         let slot_name = self.config.slot_name();
@@ -584,8 +590,10 @@ impl Source {
                 }
             }
         }
-        self.stream(conn, events, flushed, shutdown, assembler, feedback)
-            .await
+        self.stream(
+            conn, events, flushed, shutdown, assembler, feedback, tracker,
+        )
+        .await
     }
 
     async fn create_slot_and_copy(
@@ -619,6 +627,8 @@ impl Source {
             slot: slot_name.clone(),
             consistent_point: created.consistent_point.to_string(),
             snapshot_complete: !self.config.copy_data,
+            tables: None,
+            copies: Vec::new(),
         };
         state
             .store(&self.state_dir)
@@ -637,6 +647,7 @@ impl Source {
         .await
         .map_err(|e| SourceError::Catalog(name.clone(), e))?;
         drop(client);
+        let copied: Vec<u32> = tables.iter().map(|t| t.oid).collect();
         tracing::info!(source = %name, tables = tables.len(), workers = self.config.snapshot_workers, "initial copy starting");
         let copy = copy_tables(
             &self.params,
@@ -685,6 +696,7 @@ impl Source {
             },
         }
         state.snapshot_complete = true;
+        state.tables = Some(copied);
         state
             .store(&self.state_dir)
             .map_err(|e| SourceError::State(name.clone(), self.state_dir.clone(), e))?;
@@ -723,7 +735,9 @@ impl Source {
         if self.config.binary {
             options.push("binary 'true'".into());
         }
-        if self.config.messages && proto >= 2 {
+        // Always: the watermarks of copies made while streaming are
+        // messages; with `messages = false` the others are dropped here.
+        if proto >= 2 {
             options.push("messages 'true'".into());
         }
         if self.config.streaming && proto >= 2 {
@@ -768,6 +782,7 @@ impl Source {
         Ok(status)
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn stream(
         &self,
         mut conn: ReplicationConnection,
@@ -776,13 +791,30 @@ impl Source {
         shutdown: &mut watch::Receiver<bool>,
         assembler: &mut Assembler,
         feedback: &mut Feedback,
+        tracker: &mut Tracker,
     ) -> Result<(), SourceError> {
         let name = self.config.name.clone();
-        let command = self.start_command(conn.server_version_num());
+        let version = conn.server_version_num();
+        let command = self.start_command(version);
         tracing::debug!(source = %name, "{command}");
         let client = connect_sql(&self.params, self.config.application_name())
             .await
             .map_err(|e| self.err(e))?;
+        tracker
+            .start(
+                &client,
+                version,
+                &self.config,
+                &self.params,
+                feedback.last_emitted_end,
+            )
+            .await
+            .map_err(|e| SourceError::Backfill(name.clone(), e))?;
+        let mut refresh = tokio::time::interval_at(
+            tokio::time::Instant::now() + Duration::from_secs(self.config.refresh_interval),
+            Duration::from_secs(self.config.refresh_interval),
+        );
+        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         conn.start_copy_both(&command)
             .await
             .map_err(|e| self.err(e))?;
@@ -818,6 +850,19 @@ impl Source {
                 _ = events.closed() => return Err(SourceError::DownstreamClosed(name.clone())),
                 _ = flushed.changed() => {
                     status_due.get_or_insert(last_status + STATUS_GAP);
+                    let durable = *flushed.borrow();
+                    tracker.durable(durable, &name).map_err(|e| SourceError::Backfill(name.clone(), e))?;
+                    None
+                }
+                Some(event) = tracker.next_event() => {
+                    tracker.handle(event, &name).map_err(|e| SourceError::Backfill(name.clone(), e))?;
+                    None
+                }
+                _ = refresh.tick() => {
+                    tracker
+                        .refresh(&client, version, &self.config)
+                        .await
+                        .map_err(|e| SourceError::Backfill(name.clone(), e))?;
                     None
                 }
                 Ok(()) = applied.changed() => {
@@ -891,6 +936,9 @@ impl Source {
                                     .describe(&client, body)
                                     .await
                                     .map_err(|e| SourceError::Catalog(name.clone(), e))?;
+                                tracker
+                                    .seen(&relation, &self.config)
+                                    .map_err(|e| SourceError::Backfill(name.clone(), e))?;
                                 assembler
                                     .set_relation(relation, xid)
                                     .map_err(|e| SourceError::Assembly(name.clone(), e))?;
@@ -905,7 +953,23 @@ impl Source {
                             Assembled::Message(m) => {
                                 // Downstream records a message just past its LSN.
                                 let end = Lsn(m.lsn.0.saturating_add(1));
-                                if m.prefix != HEARTBEAT_PREFIX && end > feedback.last_emitted_end {
+                                let watermark = tracker
+                                    .watermark(&m, &name)
+                                    .map_err(|e| SourceError::Backfill(name.clone(), e))?;
+                                if let Some(unit) = watermark {
+                                    if let Some(unit) =
+                                        unit.filter(|_| end > feedback.last_emitted_end)
+                                    {
+                                        self.emit_chunk(
+                                            &mut conn, events, flushed, shutdown, assembler,
+                                            feedback, tracker, unit, m.lsn,
+                                        )
+                                        .await?;
+                                    }
+                                } else if m.prefix != HEARTBEAT_PREFIX
+                                    && self.config.messages
+                                    && end > feedback.last_emitted_end
+                                {
                                     let mut lost = None;
                                     self.deliver(
                                         &mut conn,
@@ -926,7 +990,8 @@ impl Source {
                             }
                             Assembled::Committed(txn) => {
                                 self.emit(
-                                    &mut conn, events, flushed, shutdown, assembler, feedback, txn,
+                                    &mut conn, events, flushed, shutdown, assembler, feedback,
+                                    tracker, txn,
                                 )
                                 .await?
                             }
@@ -952,6 +1017,7 @@ impl Source {
         shutdown: &watch::Receiver<bool>,
         assembler: &Assembler,
         feedback: &mut Feedback,
+        tracker: &mut Tracker,
         txn: CommittedTransaction,
     ) -> Result<(), SourceError> {
         let name = &self.config.name;
@@ -960,26 +1026,110 @@ impl Source {
             return Ok(());
         }
         let info = txn.info.clone();
-        // The transaction is all here: it goes downstream whole even if the
-        // connection breaks meanwhile (a unit cut in the middle would stay
-        // in the log until the next start), and then the break is reported.
-        let mut lost = None;
-        let mut batch = Vec::with_capacity(MAX_BATCH.min(txn.changes.len() + 2));
-        batch.push(SourceEvent::Begin(info.clone()));
-        for change in txn
+        let changes = txn
             .changes
             .into_changes()
             .map_err(|e| SourceError::Spill(name.clone(), e))?
-        {
-            let change = change.map_err(|e| SourceError::Spill(name.clone(), e))?;
-            self.stats.count(&change);
-            batch.push(SourceEvent::Change(change));
-            if batch.len() >= MAX_BATCH {
-                let full = std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH));
-                self.deliver(
-                    conn, events, flushed, shutdown, assembler, feedback, &mut lost, full,
-                )
-                .await?;
+            .map(|c| c.map_err(|e| SourceError::Spill(name.clone(), e)));
+        self.hand_over(
+            conn,
+            events,
+            flushed,
+            shutdown,
+            assembler,
+            feedback,
+            Some(tracker),
+            info,
+            changes,
+        )
+        .await
+    }
+
+    /// Hands a chunk copied while streaming downstream, as one unit placed
+    /// at its high watermark (`at`).
+    #[allow(clippy::too_many_arguments)]
+    async fn emit_chunk(
+        &self,
+        conn: &mut ReplicationConnection,
+        events: &mpsc::Sender<EventBatch>,
+        flushed: &watch::Receiver<Lsn>,
+        shutdown: &watch::Receiver<bool>,
+        assembler: &Assembler,
+        feedback: &mut Feedback,
+        tracker: &mut Tracker,
+        unit: ChunkUnit,
+        at: Lsn,
+    ) -> Result<(), SourceError> {
+        let info = Arc::new(TransactionInfo {
+            xid: 0,
+            commit_lsn: at,
+            end_lsn: Lsn(at.0.saturating_add(1)),
+            commit_time: PgTimestamp::now(),
+            origin: None,
+            gid: None,
+        });
+        tracker
+            .handing(info.end_lsn, &unit)
+            .map_err(|e| SourceError::Backfill(self.config.name.clone(), e))?;
+        let ChunkUnit { changes, .. } = unit;
+        self.hand_over(
+            conn,
+            events,
+            flushed,
+            shutdown,
+            assembler,
+            feedback,
+            None,
+            info,
+            changes.into_iter().map(Ok),
+        )
+        .await
+    }
+
+    /// Hands a committed unit downstream: `Begin`, its changes (through the
+    /// copies under way, when `tracker` is given), `Commit`. The unit is
+    /// all here: it goes downstream whole even if the connection breaks
+    /// meanwhile (a unit cut in the middle would stay in the log until the
+    /// next start), and then the break is reported.
+    #[allow(clippy::too_many_arguments)]
+    async fn hand_over(
+        &self,
+        conn: &mut ReplicationConnection,
+        events: &mpsc::Sender<EventBatch>,
+        flushed: &watch::Receiver<Lsn>,
+        shutdown: &watch::Receiver<bool>,
+        assembler: &Assembler,
+        feedback: &mut Feedback,
+        mut tracker: Option<&mut Tracker>,
+        info: Arc<TransactionInfo>,
+        changes: impl Iterator<Item = Result<Change, SourceError>>,
+    ) -> Result<(), SourceError> {
+        let name = &self.config.name;
+        let mut lost = None;
+        let mut batch = Vec::with_capacity(MAX_BATCH);
+        batch.push(SourceEvent::Begin(info.clone()));
+        let mut passed = Vec::new();
+        for change in changes {
+            let change = change?;
+            match tracker.as_deref_mut() {
+                Some(t) => t
+                    .filter(info.xid, change, &mut passed)
+                    .map_err(|e| SourceError::Backfill(name.clone(), e))?,
+                None => passed.push(change),
+            }
+            for change in passed.drain(..) {
+                if !self.config.messages && matches!(change, Change::Message(_)) {
+                    continue;
+                }
+                self.stats.count(&change);
+                batch.push(SourceEvent::Change(change));
+                if batch.len() >= MAX_BATCH {
+                    let full = std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH));
+                    self.deliver(
+                        conn, events, flushed, shutdown, assembler, feedback, &mut lost, full,
+                    )
+                    .await?;
+                }
             }
         }
         batch.push(SourceEvent::Commit(info.clone()));

@@ -125,9 +125,13 @@ impl SpillWriter {
         let mut buf = BytesMut::new();
         buf.put_u8(b'C');
         match change {
-            Change::Insert { lsn, relation, new } => {
+            Change::Insert { lsn, relation, new } | Change::Read { lsn, relation, new } => {
                 let id = self.relation_id(relation)?;
-                buf.put_u8(b'I');
+                buf.put_u8(if matches!(change, Change::Read { .. }) {
+                    b'R'
+                } else {
+                    b'I'
+                });
                 buf.put_u64(lsn.0);
                 buf.put_u32(id);
                 encode_row(new, &mut buf);
@@ -543,6 +547,11 @@ fn decode_change(buf: &mut Bytes, relations: &HashMap<u32, Arc<Relation>>) -> Op
             relation: relation(buf)?,
             new: decode_row(buf)?,
         },
+        b'R' => Change::Read {
+            lsn,
+            relation: relation(buf)?,
+            new: decode_row(buf)?,
+        },
         b'U' => {
             let relation = relation(buf)?;
             let old = decode_old(buf)?;
@@ -636,6 +645,11 @@ mod tests {
                     kind: OldRowKind::Key,
                     row: vec![Datum::Binary(Bytes::from_static(b"\x01"))],
                 },
+            },
+            Change::Read {
+                lsn: Lsn(3),
+                relation: r2.clone(),
+                new: vec![Datum::Text(Bytes::from_static(b"{2}"))],
             },
             Change::Truncate(Truncate {
                 lsn: Lsn(4),

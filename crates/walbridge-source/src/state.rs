@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::backfill::StoredCopy;
+
 /// What the source remembers between runs (`data_dir/sources/<name>/state.json`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceState {
@@ -13,6 +15,15 @@ pub struct SourceState {
     pub consistent_point: String,
     /// The snapshot was fully delivered downstream.
     pub snapshot_complete: bool,
+    /// The published tables (OIDs) whose rows are copied or being copied;
+    /// a published table not listed is new. None in a state written
+    /// before walbridge kept it: the tables published at the next start
+    /// are taken as copied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tables: Option<Vec<u32>>,
+    /// Tables being copied while streaming, and how far each is durable.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub copies: Vec<StoredCopy>,
 }
 
 impl SourceState {

@@ -161,6 +161,14 @@ pub(crate) fn change(c: pb::Change, relations: &Relations) -> Result<Change, Mal
                 relation,
             }
         }
+        pb::Operation::Read => {
+            let relation = relations.get(c.relation)?.clone();
+            Change::Read {
+                lsn: at,
+                new: row(c.new, &relation)?,
+                relation,
+            }
+        }
         pb::Operation::Update => {
             let relation = relations.get(c.relation)?.clone();
             Change::Update {
@@ -210,7 +218,7 @@ pub(crate) fn change(c: pb::Change, relations: &Relations) -> Result<Change, Mal
                 content: m.content,
             })
         }
-        pb::Operation::Read | pb::Operation::Unspecified => {
+        pb::Operation::Unspecified => {
             return malformed(format!(
                 "a change of operation {} inside a transaction",
                 c.operation

@@ -85,6 +85,18 @@ impl Applier {
             ));
         };
         match change {
+            Change::Read { relation, new, .. } => {
+                let map = self.map(&relation).await?;
+                if map.upsert_key.is_none() {
+                    return Err(SinkError::Mapping(format!(
+                        "rows of source table {} are being read while streaming (a table added to the publication, or a re-sync) and are applied as upserts, but target table {} has no primary key or unique index on the source's key: add one, then resume",
+                        map.source_table,
+                        map.target.display()
+                    )));
+                }
+                self.insert(map, new, txn, ChangeKind::Insert, InsertMode::Upsert)
+                    .await
+            }
             Change::Insert { relation, new, .. } => {
                 let map = self.map(&relation).await?;
                 let (kind, mode) = match self.config.on_conflict {
@@ -92,16 +104,7 @@ impl Applier {
                     OnConflict::Skip => (ChangeKind::InsertOrSkip, InsertMode::OrSkip),
                     OnConflict::Upsert => (ChangeKind::Insert, InsertMode::Upsert),
                 };
-                self.group.bytes += row_bytes(&new);
-                if self.batchable(&map, &txn) && all_text(&new) {
-                    let key = (!map.full_identity && !map.identity.is_empty())
-                        .then(|| key_of(&map, &new));
-                    return self
-                        .batch(&map, BatchKind::Insert(mode), key, &new, txn, false)
-                        .await;
-                }
-                self.execute(&txn, &map, Shape::Insert(mode), kind, &new, None)
-                    .await
+                self.insert(map, new, txn, kind, mode).await
             }
             Change::Update {
                 relation, old, new, ..
@@ -165,6 +168,26 @@ impl Applier {
             }
             Change::Message(_) => Ok(()),
         }
+    }
+
+    /// Inserts `new` into `map`'s table, conflicts treated per `mode`.
+    async fn insert(
+        &mut self,
+        map: Arc<TableMap>,
+        new: Row,
+        txn: Arc<TransactionInfo>,
+        kind: ChangeKind,
+        mode: InsertMode,
+    ) -> Result<(), SinkError> {
+        self.group.bytes += row_bytes(&new);
+        if self.batchable(&map, &txn) && all_text(&new) {
+            let key = (!map.full_identity && !map.identity.is_empty()).then(|| key_of(&map, &new));
+            return self
+                .batch(&map, BatchKind::Insert(mode), key, &new, txn, false)
+                .await;
+        }
+        self.execute(&txn, &map, Shape::Insert(mode), kind, &new, None)
+            .await
     }
 
     /// Whether a change of `map` in `txn` may join a batch: not when

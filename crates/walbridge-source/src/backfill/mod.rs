@@ -1,0 +1,523 @@
+//! Copying a table's rows while streaming goes on: a table that entered
+//! the publication (its existing rows), or one re-synchronized on request.
+//!
+//! The watermark method of Netflix's DBLog and Debezium's incremental
+//! snapshots, made exact with the read's own snapshot:
+//!
+//! * A table is read in chunks in key order ([`key`]): `(after, up_to]`,
+//!   `up_to` the key a chunk's worth of rows on (none: to the end).
+//! * Low watermark: a non-transactional logical decoding message, then the
+//!   publisher's snapshot; the copy waits until the transactions that
+//!   snapshot shows running have ended, so every transaction that committed
+//!   before the watermark in the WAL is visible to the read.
+//! * The read, in a REPEATABLE READ transaction whose snapshot `S` is
+//!   recorded (`pg_current_snapshot()`: xmin, xmax, running xids).
+//! * High watermark: a second message, sent once the rows are handed to
+//!   the stream. Between the two (the window) the stream carries
+//!   transactions that `S` shows (their effect is in the rows) and some it
+//!   does not (their effect is not); their xids tell which.
+//!
+//! At the high watermark the chunk goes downstream as one unit, positioned
+//! at the watermark: the rows as `S` shows them ([`Change::Read`]), then
+//! what the window changed after `S`.
+//!
+//! Two modes, by what the targets already hold:
+//!
+//! * [`CopyMode::NewTable`]: the targets have none of the table. A change
+//!   to a key not copied yet is left out of the stream (the chunk that
+//!   covers the key reads its outcome); inside the window it is kept
+//!   aside and follows the rows if `S` does not show it. Consumers see
+//!   each row once, read, and then its changes: no gap, no duplicate.
+//! * [`CopyMode::Resync`]: the targets hold the table, maybe damaged.
+//!   Every change streams as usual; the chunk leaves out the rows a change
+//!   after `S` touched (the stream already delivered something newer).
+//!
+//! A chunk's progress is stored in the source's state once the unit is
+//! durable downstream; after a crash the copy goes on from the last such
+//! chunk (a chunk read again is applied again: sinks apply reads
+//! idempotently). A truncate of the table ends its copy: the table is then
+//! empty on both sides.
+
+mod key;
+mod snapshot;
+mod tracker;
+mod worker;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use walbridge_core::{Change, Datum, Lsn, OldRow, Relation, RelationId, Row};
+
+pub use key::{ChunkKey, Key, KeyPart, ReadKey, in_range};
+pub use snapshot::PgSnapshot;
+pub use tracker::{Tracker, TrackerError};
+pub use worker::{Job, Worker, WorkerEvent};
+
+/// Prefix of the watermark messages; they are not passed downstream.
+pub const WATERMARK_PREFIX: &str = "walbridge.backfill";
+
+/// What the targets hold of a table being copied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CopyMode {
+    /// Nothing: the table entered the publication while streaming.
+    NewTable,
+    /// The table, to be re-synchronized.
+    Resync,
+}
+
+impl CopyMode {
+    /// How logs and status name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CopyMode::NewTable => "new table",
+            CopyMode::Resync => "re-sync",
+        }
+    }
+}
+
+/// A copy as the source's state keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredCopy {
+    /// The table's OID on the publisher.
+    pub oid: u32,
+    /// `schema.name`, for messages.
+    pub table: String,
+    /// What the targets hold.
+    pub mode: CopyMode,
+    /// The key of the last row durable downstream, as text; none before
+    /// the first chunk.
+    #[serde(default)]
+    pub after: Option<Vec<String>>,
+    /// Chunks handed downstream but not yet durable there, in order. Each
+    /// is recorded before it is handed over, so at a start the log's end
+    /// tells exactly which of them it holds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub marks: Vec<ChunkMark>,
+}
+
+/// A chunk handed downstream: where its unit ends, and the key copied up
+/// to with it (none: the copy is complete).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkMark {
+    /// The unit's end position.
+    pub end: u64,
+    /// The key copied up to; none when the unit completed the copy.
+    pub after: Option<Vec<String>>,
+}
+
+/// Where a copy stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Standing {
+    /// Copied up to this key (text); from the first row when none.
+    After(Option<Vec<String>>),
+    /// Every row is copied.
+    Complete,
+}
+
+impl StoredCopy {
+    /// Where the copy stands given that downstream holds everything up to
+    /// `held`: the last mark within it, else the durable key.
+    pub fn standing(&self, held: Lsn) -> Standing {
+        match self.marks.iter().rev().find(|m| m.end <= held.0) {
+            Some(ChunkMark { after: None, .. }) => Standing::Complete,
+            Some(ChunkMark { after, .. }) => Standing::After(after.clone()),
+            None => Standing::After(self.after.clone()),
+        }
+    }
+}
+
+/// An open window: between a chunk's low and high watermarks.
+#[derive(Debug)]
+struct Window {
+    id: u64,
+    up_to: Option<Key>,
+    /// New tables: the window's changes to the chunk's keys, with their
+    /// transaction's xid, in stream order.
+    kept: Vec<(u32, Change)>,
+    /// Re-syncs: the chunk's keys the window changed, with the xid.
+    touched: Vec<(u32, Key)>,
+}
+
+/// One table being copied, as the stream sees it.
+#[derive(Debug)]
+struct TableCopy {
+    table: String,
+    mode: CopyMode,
+    /// Keys up to this one are on the targets (handed downstream).
+    done: Option<ReadKey>,
+    key: Option<(Arc<Relation>, Option<ChunkKey>)>,
+    window: Option<Window>,
+}
+
+/// Where a key is for a new table's copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// Handed downstream: changes go on as usual.
+    Copied,
+    /// In the open window's chunk.
+    Window,
+    /// Not read yet: the chunk that covers it will read its outcome.
+    Ahead,
+}
+
+/// A chunk announced by the copy worker before its low watermark.
+#[derive(Debug)]
+pub struct Opening {
+    /// The chunk's id, as its watermarks carry it.
+    pub id: u64,
+    /// The table's OID.
+    pub oid: u32,
+    /// The chunk's upper key; none for the last chunk.
+    pub up_to: Option<Key>,
+}
+
+/// A chunk read, handed over before its high watermark.
+#[derive(Debug)]
+pub struct ChunkRead {
+    /// The chunk's id.
+    pub id: u64,
+    /// The table's OID.
+    pub oid: u32,
+    /// The table as read.
+    pub relation: Arc<Relation>,
+    /// The rows, in key order, with their keys.
+    pub rows: Vec<(Key, Row)>,
+    /// The read's snapshot.
+    pub snapshot: PgSnapshot,
+    /// The chunk's upper key; none for the last chunk.
+    pub up_to: Option<ReadKey>,
+    /// Told once the chunk went downstream (true) or was dropped (false).
+    pub done: tokio::sync::oneshot::Sender<bool>,
+}
+
+/// The changes of a chunk unit, and what it makes durable.
+#[derive(Debug)]
+pub struct ChunkUnit {
+    /// The table's OID.
+    pub oid: u32,
+    /// The rows, then the window's later changes.
+    pub changes: Vec<Change>,
+    /// The key copied up to once the unit is durable; none when the copy
+    /// is then complete.
+    pub up_to: Option<ReadKey>,
+}
+
+/// Every table being copied while streaming, stream side.
+#[derive(Debug, Default)]
+pub struct Copies {
+    tables: HashMap<RelationId, TableCopy>,
+    /// Chunks announced whose low watermark has not come yet.
+    openings: Vec<Opening>,
+}
+
+impl Copies {
+    /// True when `oid` is being copied.
+    pub fn contains(&self, oid: u32) -> bool {
+        self.tables.contains_key(&oid)
+    }
+
+    /// True when nothing is being copied.
+    pub fn is_empty(&self) -> bool {
+        self.tables.is_empty()
+    }
+
+    /// Starts (or goes on with) the copy of `stored`.
+    pub fn start(&mut self, stored: &StoredCopy) {
+        self.tables.insert(
+            stored.oid,
+            TableCopy {
+                table: stored.table.clone(),
+                mode: stored.mode,
+                done: None,
+                key: None,
+                window: None,
+            },
+        );
+    }
+
+    /// Sets how far the copy of `oid` has come (from the state, or a
+    /// worker starting over after a reconnect).
+    pub fn set_done(&mut self, oid: u32, done: Option<ReadKey>) {
+        if let Some(copy) = self.tables.get_mut(&oid) {
+            copy.done = done;
+            copy.window = None;
+        }
+    }
+
+    /// How far each copy has come (handed downstream), for a new worker.
+    pub fn progress(&self) -> impl Iterator<Item = (u32, &str, CopyMode, Option<&ReadKey>)> {
+        self.tables
+            .iter()
+            .map(|(oid, c)| (*oid, c.table.as_str(), c.mode, c.done.as_ref()))
+    }
+
+    /// Ends the copy of `oid` (complete, truncated, or the table left the
+    /// publication).
+    pub fn finish(&mut self, oid: u32) {
+        self.tables.remove(&oid);
+        self.openings.retain(|o| o.oid != oid);
+    }
+
+    /// Drops open windows and announced chunks: the stream starts over
+    /// from the slot and the worker with it.
+    pub fn reset_windows(&mut self) {
+        self.openings.clear();
+        for copy in self.tables.values_mut() {
+            copy.window = None;
+        }
+    }
+
+    /// Records a chunk announced by the worker.
+    pub fn announce(&mut self, opening: Opening) {
+        self.openings.push(opening);
+    }
+
+    /// A low watermark came: opens the window of the chunk it names.
+    /// Watermarks of chunks not announced (an earlier run's, read again
+    /// from the slot) are ignored.
+    pub fn low(&mut self, id: u64) -> bool {
+        let Some(pos) = self.openings.iter().position(|o| o.id == id) else {
+            return false;
+        };
+        let opening = self.openings.swap_remove(pos);
+        let Some(copy) = self.tables.get_mut(&opening.oid) else {
+            return false;
+        };
+        copy.window = Some(Window {
+            id,
+            up_to: opening.up_to,
+            kept: Vec::new(),
+            touched: Vec::new(),
+        });
+        true
+    }
+
+    /// A high watermark came with its chunk read: the unit to hand
+    /// downstream, or none when the chunk is not the one open (then it
+    /// is read again).
+    pub fn high(&mut self, chunk: ChunkRead, at: Lsn) -> Option<ChunkUnit> {
+        let copy = self.tables.get_mut(&chunk.oid)?;
+        let window = copy.window.take_if(|w| w.id == chunk.id)?;
+        let mut changes = Vec::with_capacity(chunk.rows.len() + window.kept.len());
+        let read = |new: Row| Change::Read {
+            lsn: at,
+            relation: chunk.relation.clone(),
+            new,
+        };
+        match copy.mode {
+            CopyMode::NewTable => {
+                changes.extend(chunk.rows.into_iter().map(|(_, row)| read(row)));
+                changes.extend(
+                    window
+                        .kept
+                        .into_iter()
+                        .filter(|(xid, _)| !chunk.snapshot.shows(*xid))
+                        .map(|(_, change)| change),
+                );
+            }
+            CopyMode::Resync => {
+                let newer: HashSet<&Key> = window
+                    .touched
+                    .iter()
+                    .filter(|(xid, _)| !chunk.snapshot.shows(*xid))
+                    .map(|(_, key)| key)
+                    .collect();
+                changes.extend(
+                    chunk
+                        .rows
+                        .into_iter()
+                        .filter(|(key, _)| !newer.contains(key))
+                        .map(|(_, row)| read(row)),
+                );
+            }
+        }
+        copy.done = chunk.up_to.clone();
+        let _ = chunk.done.send(true);
+        Some(ChunkUnit {
+            oid: chunk.oid,
+            changes,
+            up_to: chunk.up_to,
+        })
+    }
+
+    /// Passes `change` of transaction `xid` through the copies: pushes
+    /// onto `out` what goes downstream now. Tables not being copied pass
+    /// unchanged. A truncate ends the copies of its tables (both sides are
+    /// then empty); their oids are returned in `finished`.
+    pub fn filter(
+        &mut self,
+        xid: u32,
+        change: Change,
+        out: &mut Vec<Change>,
+        finished: &mut Vec<u32>,
+    ) {
+        let relation = match &change {
+            Change::Insert { relation, .. }
+            | Change::Update { relation, .. }
+            | Change::Delete { relation, .. } => relation.clone(),
+            Change::Truncate(t) => {
+                for r in &t.relations {
+                    if self.tables.remove(&r.id).is_some() {
+                        finished.push(r.id);
+                    }
+                }
+                out.push(change);
+                return;
+            }
+            Change::Read { .. } | Change::Message(_) => {
+                out.push(change);
+                return;
+            }
+        };
+        let Some(copy) = self.tables.get_mut(&relation.id) else {
+            out.push(change);
+            return;
+        };
+        let fresh = copy
+            .key
+            .as_ref()
+            .is_none_or(|(r, _)| !Arc::ptr_eq(r, &relation));
+        if fresh {
+            copy.key = Some((relation.clone(), ChunkKey::of(&relation)));
+        }
+        let Some((_, Some(chunk_key))) = &copy.key else {
+            // No key (yet: a table created by CREATE TABLE AS gets its
+            // primary key after its rows). Before its copy begins, a new
+            // table's changes wait like any; a copy cannot go on without a
+            // key (the worker refuses it), so otherwise they stream.
+            if copy.mode == CopyMode::Resync || copy.done.is_some() || copy.window.is_some() {
+                out.push(change);
+            }
+            return;
+        };
+        let chunk_key = chunk_key.clone();
+        match copy.mode {
+            CopyMode::Resync => {
+                if let Some(window) = &mut copy.window {
+                    for key in change_keys(&chunk_key, &change).into_iter().flatten() {
+                        if in_range(
+                            &key,
+                            copy.done.as_ref().map(|d| &d.parts),
+                            window.up_to.as_ref(),
+                        ) {
+                            window.touched.push((xid, key));
+                        }
+                    }
+                }
+                out.push(change);
+            }
+            CopyMode::NewTable => copy.route(&chunk_key, xid, change, out),
+        }
+    }
+}
+
+/// The keys a change leaves and reaches: (old, new); a side is none when
+/// the change has none (an insert leaves nothing) or its key is unknown.
+fn change_keys(key: &ChunkKey, change: &Change) -> [Option<Key>; 2] {
+    match change {
+        Change::Insert { new, .. } | Change::Read { new, .. } => [None, key.key_of(new)],
+        Change::Delete { old, .. } => [key.key_of(&old.row), None],
+        Change::Update { old, new, .. } => {
+            let arrival = key.key_of(new);
+            let departure = match old {
+                Some(old) => key.key_of(&old.row),
+                None => arrival.clone(),
+            };
+            [departure, arrival]
+        }
+        Change::Truncate(_) | Change::Message(_) => [None, None],
+    }
+}
+
+impl TableCopy {
+    fn place(&self, key: &Key) -> Place {
+        let done = self.done.as_ref().map(|d| &d.parts);
+        if done.is_some_and(|d| key <= d) {
+            return Place::Copied;
+        }
+        match &self.window {
+            Some(w) if in_range(key, done, w.up_to.as_ref()) => Place::Window,
+            _ => Place::Ahead,
+        }
+    }
+
+    /// New tables: a change goes downstream if its keys are copied, is
+    /// kept aside if they are in the window, and is left out if they are
+    /// ahead. An update moving a row between those places is split into
+    /// its leaving (a delete) and its arriving (an insert).
+    fn route(&mut self, chunk_key: &ChunkKey, xid: u32, change: Change, out: &mut Vec<Change>) {
+        let [departure, arrival] = change_keys(chunk_key, &change);
+        let (Some(from), Some(to)) = (
+            departure.as_ref().map(|k| self.place(k)),
+            arrival.as_ref().map(|k| self.place(k)),
+        ) else {
+            // An insert or a delete has one side; a key that cannot be read
+            // (malformed) streams as it is.
+            let side = departure.or(arrival);
+            match side.map(|k| self.place(&k)) {
+                Some(place) => self.send(place, xid, change, out),
+                None => out.push(change),
+            }
+            return;
+        };
+        if from == to {
+            self.send(from, xid, change, out);
+            return;
+        }
+        let Change::Update {
+            lsn,
+            relation,
+            old,
+            new,
+        } = change
+        else {
+            return;
+        };
+        if let Some(old) = old {
+            let leaving = Change::Delete {
+                lsn,
+                relation: relation.clone(),
+                old: OldRow {
+                    kind: old.kind,
+                    row: old.row,
+                },
+            };
+            self.send(from, xid, leaving, out);
+        }
+        let new = if new.contains(&Datum::UnchangedToast) {
+            if to != Place::Ahead {
+                tracing::warn!(table = %self.table, %lsn, "an update moved a row into the copied part of the table leaving its unchanged TOASTed values out; they arrive as NULL: re-sync the table once its copy is done");
+            }
+            new.into_iter()
+                .map(|d| {
+                    if d == Datum::UnchangedToast {
+                        Datum::Null
+                    } else {
+                        d
+                    }
+                })
+                .collect()
+        } else {
+            new
+        };
+        let arriving = Change::Insert { lsn, relation, new };
+        self.send(to, xid, arriving, out);
+    }
+
+    fn send(&mut self, place: Place, xid: u32, change: Change, out: &mut Vec<Change>) {
+        match place {
+            Place::Copied => out.push(change),
+            Place::Window => {
+                if let Some(w) = &mut self.window {
+                    w.kept.push((xid, change));
+                }
+            }
+            Place::Ahead => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,260 @@
+//! When the publisher changes under a running walbridge: a table added to
+//! the publication gets its existing rows copied while streaming goes on,
+//! consistently (each row once, then its changes; no gap, no duplicate),
+//! into every sink.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use walbridge_tests::Cluster;
+use walbridge_tests::fixtures::replay_image;
+use walbridge_tests::walbridge::Deployment;
+
+const WAIT: Duration = Duration::from_secs(40);
+
+/// Rows table `b` holds before it enters the publication.
+const ROWS: i64 = 100_000;
+
+const SCHEMA: &str = "CREATE TABLE a (id int PRIMARY KEY, v int NOT NULL);
+     CREATE TABLE b (id int PRIMARY KEY, v int NOT NULL, pad text)";
+
+/// Writes to `a` and `b` until `stop`, then returns how many transactions
+/// it ran: each updates, inserts and deletes rows of `b` across its whole
+/// key range, and updates `a`.
+fn spawn_writer(connstr: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<i64> {
+    std::thread::spawn(move || {
+        let client = Blocking::connect(&connstr);
+        let mut i: i64 = 0;
+        while !stop.load(Ordering::Relaxed) || i < 200 {
+            i += 1;
+            client.execute(&format!(
+                "BEGIN; UPDATE b SET v = v + 1 WHERE id = {}; INSERT INTO b VALUES ({}, {i}, 'new'); DELETE FROM b WHERE id = {}; UPDATE b SET id = {} WHERE id = {}; INSERT INTO a VALUES ({i}, 0) ON CONFLICT (id) DO UPDATE SET v = a.v + 1; COMMIT",
+                (i * 7919) % ROWS + 1,
+                ROWS + i,
+                (i * 104_729) % ROWS + 1,
+                // Moves a row to a new key, now and then across chunks.
+                -i,
+                (i * 3_571) % ROWS + 1,
+            ));
+        }
+        i
+    })
+}
+
+/// `table` (columns `id`, `v`) on `pg`: id to v.
+fn image(pg: &Cluster, table: &str) -> BTreeMap<i64, i64> {
+    pg.psql(&format!("SELECT id, v FROM {table}"))
+        .lines()
+        .filter_map(|l| {
+            let (id, v) = l.split_once('|')?;
+            Some((id.parse().ok()?, v.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn a_table_added_to_the_publication_is_copied_while_writes_go_on() {
+    let publisher = Cluster::start();
+    let subscriber = Cluster::start();
+    publisher.psql(SCHEMA);
+    subscriber.psql(SCHEMA);
+    publisher.psql(&format!(
+        "INSERT INTO b SELECT g, 0, repeat('p', 100) FROM generate_series(1, {ROWS}) g;
+         CREATE PUBLICATION pub FOR TABLE a"
+    ));
+    let wb = Deployment::new();
+    wb.configure_sinks(
+        &publisher.superuser(),
+        &["pub"],
+        "backfill_chunk_rows = 7000\nrefresh_interval = 1",
+        &format!(
+            "[[sink]]\nname = \"out\"\ntype = \"jsonl\"\npath = \"{}\"\n\n[[sink]]\nname = \"replica\"\ntype = \"postgres\"\nconnection = \"{}\"\n",
+            wb.output_path().display(),
+            subscriber.superuser()
+        ),
+    );
+    let running = wb.start();
+    publisher.wait_for_streaming(WAIT);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = spawn_writer(publisher.superuser(), stop.clone());
+    std::thread::sleep(Duration::from_millis(300));
+    publisher.psql("ALTER PUBLICATION pub ADD TABLE b");
+    wb.wait_for_log("table copied while streaming", WAIT);
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let transactions = writer.join().unwrap_or_else(|_| panic!("writer failed"));
+    assert!(transactions >= 200);
+
+    // The postgres sink: both tables equal the publisher's.
+    for table in ["a", "b"] {
+        assert_same(&publisher, &subscriber, table);
+    }
+    // The jsonl sink: `b`'s lines replay, each row once then its changes,
+    // to exactly the publisher's table.
+    let expected = image(&publisher, "b");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let lines: Vec<Value> = wb
+            .lines()
+            .into_iter()
+            .filter(|l| l["source"]["table"] == "b")
+            .collect();
+        let replayed = replay_image(&lines).unwrap_or_else(|e| panic!("{e}"));
+        if replayed == expected {
+            assert!(
+                lines.iter().filter(|l| l["op"] == "r").count() as i64 >= ROWS - transactions * 2,
+                "the existing rows came as reads"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the jsonl output never matched the publisher ({} rows vs {})",
+            replayed.len(),
+            expected.len()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(running.stop(WAIT).success(), "log:\n{}", wb.log());
+    let log = wb.log();
+    assert!(
+        log.contains("a table entered the publication: copying its rows while streaming"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_new_table_under_for_all_tables_is_copied_and_a_crash_resumes_the_copy() {
+    let publisher = Cluster::start();
+    let subscriber = Cluster::start();
+    publisher.psql(SCHEMA);
+    subscriber.psql(SCHEMA);
+    publisher.psql("CREATE PUBLICATION pub FOR ALL TABLES");
+    let wb = Deployment::new();
+    wb.configure_sinks(
+        &publisher.superuser(),
+        &["pub"],
+        "backfill_chunk_rows = 2000\nrefresh_interval = 1",
+        &format!(
+            "[[sink]]\nname = \"replica\"\ntype = \"postgres\"\nconnection = \"{}\"\n",
+            subscriber.superuser()
+        ),
+    );
+    let text = std::fs::read_to_string(wb.config_path()).unwrap_or_else(|e| panic!("{e}"));
+    wb.write_config(&format!("progress_interval = \"50ms\"\n{text}"));
+    let running = wb.start();
+    publisher.wait_for_streaming(WAIT);
+    // A table created with its rows in one go: no change of it streams,
+    // so only re-reading the publication finds it.
+    subscriber.psql("CREATE TABLE c (id int PRIMARY KEY, v int NOT NULL)");
+    publisher.psql(&format!(
+        "CREATE TABLE c AS SELECT g AS id, 0 AS v FROM generate_series(1, {ROWS}) g; ALTER TABLE c ADD PRIMARY KEY (id)"
+    ));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        let publisher = publisher.superuser();
+        std::thread::spawn(move || {
+            let client = Blocking::connect(&publisher);
+            let mut i = 0i64;
+            while !stop.load(Ordering::Relaxed) || i < 100 {
+                i += 1;
+                let sql = format!(
+                    "BEGIN; UPDATE c SET v = v + 1 WHERE id = {}; DELETE FROM c WHERE id = {}; INSERT INTO c VALUES ({}, {i}); COMMIT",
+                    (i * 7919) % ROWS + 1,
+                    (i * 104_729) % ROWS + 1,
+                    ROWS + i
+                );
+                client.execute(&sql);
+                // A steady few hundred transactions a second: the copy's
+                // last chunk catches up with the rows added at the end.
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    // Killed in the middle of the copy, it goes on from its last durable
+    // chunk when it starts again.
+    let deadline = Instant::now() + WAIT;
+    while wb.log().matches("rows so far").count() < 3 {
+        assert!(Instant::now() < deadline, "no progress:\n{}", wb.log());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    running.kill();
+    assert!(
+        !wb.log().contains("table copied while streaming"),
+        "killed before the copy ended:\n{}",
+        wb.log()
+    );
+    let running = wb.start();
+    wb.wait_for_log("table copied while streaming", WAIT);
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap_or_else(|_| panic!("writer failed"));
+    assert_same(&publisher, &subscriber, "c");
+    assert!(running.stop(WAIT).success(), "log:\n{}", wb.log());
+    let log = wb.log();
+    assert!(log.contains("resuming=true"), "the copy resumed:\n{log}");
+}
+
+/// Waits until `table` (columns `id`, `v`) on the subscriber equals the
+/// publisher's; panics naming the rows that differ.
+fn assert_same(publisher: &Cluster, subscriber: &Cluster, table: &str) {
+    let expected = publisher.table_digest("postgres", table, "id, v");
+    let got = subscriber.wait_for_digest("postgres", table, "id, v", &expected, WAIT);
+    if got != expected {
+        let (want, have) = (image(publisher, table), image(subscriber, table));
+        let differ: Vec<String> = want
+            .keys()
+            .chain(have.keys())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .filter(|id| want.get(id) != have.get(id))
+            .take(20)
+            .map(|id| {
+                format!(
+                    "{id}: publisher {:?}, target {:?}",
+                    want.get(id),
+                    have.get(id)
+                )
+            })
+            .collect();
+        panic!(
+            "table {table} differs ({} rows vs {}):\n{}",
+            want.len(),
+            have.len(),
+            differ.join("\n")
+        );
+    }
+}
+
+/// A blocking client.
+struct Blocking {
+    runtime: tokio::runtime::Runtime,
+    client: tokio_postgres::Client,
+}
+
+impl Blocking {
+    fn connect(connstr: &str) -> Blocking {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let client = runtime.block_on(async {
+            let (client, conn) = tokio_postgres::connect(connstr, tokio_postgres::NoTls)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            tokio::spawn(conn);
+            client
+        });
+        Blocking { runtime, client }
+    }
+
+    fn execute(&self, sql: &str) {
+        self.runtime
+            .block_on(self.client.batch_execute(sql))
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+}
