@@ -129,23 +129,7 @@ fn a_table_added_to_the_publication_is_copied_while_writes_go_on() {
 
 #[test]
 fn a_new_table_under_for_all_tables_is_copied_and_a_crash_resumes_the_copy() {
-    let publisher = Cluster::start();
-    let subscriber = Cluster::start();
-    publisher.psql(SCHEMA);
-    subscriber.psql(SCHEMA);
-    publisher.psql("CREATE PUBLICATION pub FOR ALL TABLES");
-    let wb = Deployment::new();
-    wb.configure_sinks(
-        &publisher.superuser(),
-        &["pub"],
-        "backfill_chunk_rows = 2000\nrefresh_interval = 1",
-        &format!(
-            "[[sink]]\nname = \"replica\"\ntype = \"postgres\"\nconnection = \"{}\"\n",
-            subscriber.superuser()
-        ),
-    );
-    let text = std::fs::read_to_string(wb.config_path()).unwrap_or_else(|e| panic!("{e}"));
-    wb.write_config(&format!("progress_interval = \"50ms\"\n{text}"));
+    let (publisher, subscriber, wb) = replicating("CREATE PUBLICATION pub FOR ALL TABLES");
     let running = wb.start();
     publisher.wait_for_streaming(WAIT);
     // A table created with its rows in one go: no change of it streams,
@@ -178,12 +162,7 @@ fn a_new_table_under_for_all_tables_is_copied_and_a_crash_resumes_the_copy() {
     };
     // Killed in the middle of the copy, it goes on from its last durable
     // chunk when it starts again.
-    let deadline = Instant::now() + WAIT;
-    while wb.log().matches("rows so far").count() < 3 {
-        assert!(Instant::now() < deadline, "no progress:\n{}", wb.log());
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    running.kill();
+    kill_after_a_durable_chunk(&wb, running);
     assert!(
         !wb.log().contains("table copied while streaming"),
         "killed before the copy ended:\n{}",
@@ -197,6 +176,45 @@ fn a_new_table_under_for_all_tables_is_copied_and_a_crash_resumes_the_copy() {
     assert!(running.stop(WAIT).success(), "log:\n{}", wb.log());
     let log = wb.log();
     assert!(log.contains("resuming=true"), "the copy resumed:\n{log}");
+}
+
+/// A publisher and a subscriber with [`SCHEMA`], `setup` run on the
+/// publisher, and walbridge configured from one to the other (a postgres
+/// sink), copying in chunks of 2,000 rows and looking at the publication
+/// every second.
+fn replicating(setup: &str) -> (Cluster, Cluster, Deployment) {
+    let publisher = Cluster::start();
+    let subscriber = Cluster::start();
+    publisher.psql(SCHEMA);
+    subscriber.psql(SCHEMA);
+    publisher.psql(setup);
+    let wb = Deployment::new();
+    wb.configure_sinks(
+        &publisher.superuser(),
+        &["pub"],
+        "backfill_chunk_rows = 2000\nrefresh_interval = 1",
+        &format!(
+            "[[sink]]\nname = \"replica\"\ntype = \"postgres\"\nconnection = \"{}\"\n",
+            subscriber.superuser()
+        ),
+    );
+    (publisher, subscriber, wb)
+}
+
+/// Kills walbridge once a chunk of a copy is durable downstream (the
+/// source's state says how far the copy is).
+fn kill_after_a_durable_chunk(wb: &Deployment, running: walbridge_tests::walbridge::Running) {
+    let state = wb.path().join("data/sources/src/state.json");
+    let deadline = Instant::now() + WAIT;
+    let durable = || {
+        let text = std::fs::read_to_string(&state).unwrap_or_default();
+        serde_json::from_str::<Value>(&text).is_ok_and(|s| s["copies"][0]["after"].is_array())
+    };
+    while !durable() {
+        assert!(Instant::now() < deadline, "no chunk durable:\n{}", wb.log());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    running.kill();
 }
 
 /// Waits until `table` (columns `id`, `v`) on the subscriber equals the
@@ -257,4 +275,89 @@ impl Blocking {
             .block_on(self.client.batch_execute(sql))
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
+}
+
+#[test]
+fn resync_repairs_a_damaged_table_while_writes_go_on_and_survives_a_crash() {
+    let (publisher, subscriber, wb) = replicating(&format!(
+        "INSERT INTO b SELECT g, 0, repeat('p', 100) FROM generate_series(1, {ROWS}) g;
+         CREATE PUBLICATION pub FOR TABLE a, b"
+    ));
+    let running = wb.start();
+    publisher.wait_for_streaming(WAIT);
+    assert_same(&publisher, &subscriber, "b");
+    // Damage the target's copy: wrong values, missing rows.
+    subscriber.psql(
+        "SET session_replication_role = replica;
+         UPDATE b SET v = -1 WHERE id % 100 = 0;
+         DELETE FROM b WHERE id % 97 = 0",
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = spawn_writer(publisher.superuser(), stop.clone());
+    let asked = wb.command(&["resync", "--source", "src", "--table", "public.b"]);
+    assert!(
+        asked.status.success(),
+        "{}",
+        walbridge_tests::printed(&asked)
+    );
+    kill_after_a_durable_chunk(&wb, running);
+    assert!(
+        !wb.log().contains("table copied while streaming"),
+        "killed before the copy ended:\n{}",
+        wb.log()
+    );
+    let running = wb.start();
+    wb.wait_for_log("table copied while streaming", WAIT);
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap_or_else(|_| panic!("writer failed"));
+    for table in ["a", "b"] {
+        assert_same(&publisher, &subscriber, table);
+    }
+    assert!(running.stop(WAIT).success(), "log:\n{}", wb.log());
+    let log = wb.log();
+    assert!(
+        log.contains("mode=\"re-sync\" resuming=true"),
+        "the re-sync resumed:\n{log}"
+    );
+}
+
+#[test]
+fn the_admin_endpoint_takes_resync_requests() {
+    let pg = Cluster::start();
+    pg.psql(
+        "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL);
+         INSERT INTO t SELECT g, g FROM generate_series(1, 10) g;
+         CREATE TABLE keyless (v int);
+         CREATE PUBLICATION pub FOR TABLE t, keyless",
+    );
+    let wb = Deployment::new();
+    wb.configure(&pg, "postgres", "pub", "refresh_interval = 1");
+    let running = wb.start();
+    wb.wait_for_lines(10, WAIT);
+    let admin = wb.admin_address(WAIT);
+    let post = |query: &str| {
+        walbridge_tests::admin::curl(&format!("http://{admin}/resync{query}"), &["-X", "POST"])
+    };
+    assert_eq!(post("").0, 400);
+    assert_eq!(post("?source=nope&table=public.t").0, 404);
+    let (status, body) = post("?source=src&table=public.t");
+    assert_eq!(status, 202, "{body}");
+    // Each row again, as a read, after the copy.
+    let lines = wb.wait_for_lines(20, WAIT);
+    let reads: Vec<i64> = lines[10..]
+        .iter()
+        .map(|l| {
+            assert_eq!(l["op"], "r", "{l}");
+            l["after"]["id"].as_i64().unwrap_or(-1)
+        })
+        .collect();
+    assert_eq!(reads, (1..=10).collect::<Vec<_>>());
+    // A table without a key is refused, saying what to do.
+    assert_eq!(post("?source=src&table=public.keyless").0, 202);
+    wb.wait_for_log(
+        "has neither a primary key nor a replica identity index",
+        WAIT,
+    );
+    assert!(running.stop(WAIT).success(), "log:\n{}", wb.log());
 }

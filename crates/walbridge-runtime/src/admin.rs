@@ -18,11 +18,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::extract::Query;
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Json, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -42,9 +43,20 @@ use crate::status::Observed;
 /// data_dir's lock).
 pub const ADDRESS_FILE: &str = "admin.address";
 
+/// Where `POST /resync` leaves its requests: the data_dir, and the
+/// sources reading a publisher (by name).
+#[derive(Clone, Debug)]
+pub struct Requests {
+    /// The configuration's data_dir.
+    pub data_dir: std::path::PathBuf,
+    /// Sources that can re-synchronize a table.
+    pub sources: Vec<String>,
+}
+
 /// What the handlers share.
 struct Admin {
     observed: Arc<Observed>,
+    requests: Requests,
     history: History,
     prometheus: PrometheusHandle,
     process: metrics_process::Collector,
@@ -115,6 +127,7 @@ pub fn serve(
     bound: Bound,
     config: &AdminConfig,
     observed: Arc<Observed>,
+    requests: Requests,
 ) -> tokio::task::JoinHandle<()> {
     let Bound {
         listener,
@@ -125,6 +138,7 @@ pub fn serve(
     } = bound;
     let admin = Arc::new(Admin {
         observed,
+        requests,
         history: History::default(),
         prometheus,
         process,
@@ -132,6 +146,7 @@ pub fn serve(
     let mut guarded = Router::new()
         .route("/metrics", get(metrics))
         .route("/status", get(status))
+        .route("/resync", post(resync))
         .route("/", get(page));
     if let Some(token) = config.token.clone() {
         guarded = guarded.route_layer(axum::middleware::from_fn_with_state(
@@ -147,7 +162,7 @@ pub fn serve(
         listen = %address,
         tls = tls.is_some(),
         token = config.token.is_some(),
-        "admin endpoint serving /metrics /healthz /readyz /status"
+        "admin endpoint serving /metrics /healthz /readyz /status /resync"
     );
     tokio::spawn(async move {
         let serving = async {
@@ -316,6 +331,40 @@ async fn metrics(State(admin): State<Arc<Admin>>) -> Response {
         admin.prometheus.render(),
     )
         .into_response()
+}
+
+/// `POST /resync?source=NAME&table=SCHEMA.TABLE`: as `walbridge resync`.
+async fn resync(
+    State(admin): State<Arc<Admin>>,
+    Query(query): Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    let (Some(source), Some(table)) = (query.get("source"), query.get("table")) else {
+        return (
+            StatusCode::BAD_REQUEST,
+            "POST /resync?source=NAME&table=SCHEMA.TABLE\n",
+        )
+            .into_response();
+    };
+    if !admin.requests.sources.contains(source) {
+        return (
+            StatusCode::NOT_FOUND,
+            format!("no source `{source}` reading a publisher\n"),
+        )
+            .into_response();
+    }
+    let state_dir = walbridge_source::source::state_dir(&admin.requests.data_dir, source);
+    match walbridge_source::backfill::request_resync(&state_dir, table) {
+        Ok(()) => (
+            StatusCode::ACCEPTED,
+            format!("re-sync of {table} requested from source `{source}`: it starts within the source's refresh_interval\n"),
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot ask for a re-sync in {}: {e}\n", state_dir.display()),
+        )
+            .into_response(),
+    }
 }
 
 async fn page(State(admin): State<Arc<Admin>>) -> Html<String> {

@@ -219,8 +219,23 @@ pub async fn run(config: Config, watch: impl FnOnce(Arc<Observed>)) -> Result<()
     }
     let observed = Arc::new(observed);
     watch(observed.clone());
-    let admin_server =
-        admin.map(|bound| AbortOnDrop(crate::admin::serve(bound, &config.admin, observed)));
+    let requests = crate::admin::Requests {
+        data_dir: config.data_dir.clone(),
+        sources: config
+            .sources
+            .iter()
+            .filter(|s| matches!(s, crate::config::SourceSpec::Postgres(_)))
+            .map(|s| s.name().to_owned())
+            .collect(),
+    };
+    let admin_server = admin.map(|bound| {
+        AbortOnDrop(crate::admin::serve(
+            bound,
+            &config.admin,
+            observed,
+            requests,
+        ))
+    });
 
     let mut sources = JoinSet::new();
     let mut appenders = Vec::new();

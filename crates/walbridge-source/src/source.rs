@@ -228,6 +228,12 @@ impl SourceStats {
     }
 }
 
+/// Where source `name` keeps its state (slot bookkeeping, spill files,
+/// requests) under `data_dir`.
+pub fn state_dir(data_dir: &Path, name: &str) -> PathBuf {
+    data_dir.join("sources").join(name)
+}
+
 /// One configured source.
 pub struct Source {
     config: SourceConfig,
@@ -244,7 +250,7 @@ impl Source {
                 source_name: config.name.clone(),
                 error,
             })?;
-        let state_dir = data_dir.join("sources").join(&config.name);
+        let state_dir = state_dir(data_dir, &config.name);
         Ok(Source {
             config,
             params,

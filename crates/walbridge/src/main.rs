@@ -6,6 +6,7 @@ mod check;
 mod drop;
 mod pause;
 mod progress;
+mod resync;
 mod run;
 mod skip;
 mod status;
@@ -154,6 +155,25 @@ enum Command {
         /// The sink.
         #[arg(long, value_name = "NAME")]
         sink: String,
+    },
+    /// Copy one table again while changes keep streaming.
+    ///
+    /// The table is read in key order, in chunks between watermarks written
+    /// to the publisher's WAL, so writers wait for nothing; each sink
+    /// applies the rows idempotently (postgres: an upsert by key; kafka and
+    /// jsonl: `op = "r"`; gRPC: READ). A running walbridge starts within
+    /// its refresh_interval; a crash resumes at the last durable chunk.
+    /// The table needs a primary key or a replica identity index.
+    Resync {
+        /// The configuration file.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+        /// The source whose publication covers the table.
+        #[arg(long, value_name = "NAME")]
+        source: String,
+        /// The table, as schema.table.
+        #[arg(long, value_name = "SCHEMA.TABLE")]
+        table: String,
     },
     /// Drop sources' replication slots and state (like DROP SUBSCRIPTION),
     /// and what sinks keep for them on their targets.
@@ -306,6 +326,11 @@ fn main() -> ExitCode {
             } => drop::drop_sources(config, source.as_deref(), *keep_slot).await,
             Command::Skip { config, sink, lsn } => skip::skip(config, sink, *lsn).await,
             Command::Status { config, json } => status::status(config, *json).await,
+            Command::Resync {
+                config,
+                source,
+                table,
+            } => resync::resync(config, source, table),
             Command::Pause { config, sink } => pause::set_paused(config, sink, true),
             Command::Resume { config, sink } => pause::set_paused(config, sink, false),
         }

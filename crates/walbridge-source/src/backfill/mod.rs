@@ -21,16 +21,24 @@
 //! at the watermark: the rows as `S` shows them ([`Change::Read`]), then
 //! what the window changed after `S`.
 //!
-//! Two modes, by what the targets already hold:
+//! At the high watermark the window's changes to the chunk's keys that `S`
+//! does not show follow the rows (those it shows, the rows hold). Changes to keys already copied stream
+//! as usual. Two modes, by what the targets hold of the keys not read yet:
 //!
-//! * [`CopyMode::NewTable`]: the targets have none of the table. A change
-//!   to a key not copied yet is left out of the stream (the chunk that
-//!   covers the key reads its outcome); inside the window it is kept
-//!   aside and follows the rows if `S` does not show it. Consumers see
-//!   each row once, read, and then its changes: no gap, no duplicate.
-//! * [`CopyMode::Resync`]: the targets hold the table, maybe damaged.
-//!   Every change streams as usual; the chunk leaves out the rows a change
-//!   after `S` touched (the stream already delivered something newer).
+//! * [`CopyMode::NewTable`]: nothing. A change to a key not copied yet is
+//!   left out (the chunk that covers the key reads its outcome), and one
+//!   in the window is kept aside for after the rows. Consumers see each
+//!   row once, read, and then its changes: no gap, no duplicate. A crash
+//!   before the chunk is durable loses what was kept aside, and nothing
+//!   else: the chunk is read again, after those changes.
+//! * [`CopyMode::Resync`]: the table, maybe damaged. Every change streams
+//!   as usual; those in the window are also applied again after the rows
+//!   (a row the target lacked is then right). Consumers see a window's
+//!   late changes twice, the second time after the row's read.
+//!
+//! An update moving a row between those parts is split into its leaving
+//! (a delete) and its arriving (an insert, or for a re-sync a read, since
+//! the target may hold the key): each goes where its key says.
 //!
 //! A chunk's progress is stored in the source's state once the unit is
 //! durable downstream; after a crash the copy goes on from the last such
@@ -39,17 +47,19 @@
 //! empty on both sides.
 
 mod key;
+mod request;
 mod snapshot;
 mod tracker;
 mod worker;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use walbridge_core::{Change, Datum, Lsn, OldRow, Relation, RelationId, Row};
 
 pub use key::{ChunkKey, Key, KeyPart, ReadKey, in_range};
+pub use request::{request_resync, requests};
 pub use snapshot::PgSnapshot;
 pub use tracker::{Tracker, TrackerError};
 pub use worker::{Job, Worker, WorkerEvent};
@@ -133,11 +143,9 @@ impl StoredCopy {
 struct Window {
     id: u64,
     up_to: Option<Key>,
-    /// New tables: the window's changes to the chunk's keys, with their
-    /// transaction's xid, in stream order.
+    /// The window's changes to the chunk's keys, with their transaction's
+    /// xid, in stream order.
     kept: Vec<(u32, Change)>,
-    /// Re-syncs: the chunk's keys the window changed, with the xid.
-    touched: Vec<(u32, Key)>,
 }
 
 /// One table being copied, as the stream sees it.
@@ -289,7 +297,6 @@ impl Copies {
             id,
             up_to: opening.up_to,
             kept: Vec::new(),
-            touched: Vec::new(),
         });
         true
     }
@@ -306,33 +313,14 @@ impl Copies {
             relation: chunk.relation.clone(),
             new,
         };
-        match copy.mode {
-            CopyMode::NewTable => {
-                changes.extend(chunk.rows.into_iter().map(|(_, row)| read(row)));
-                changes.extend(
-                    window
-                        .kept
-                        .into_iter()
-                        .filter(|(xid, _)| !chunk.snapshot.shows(*xid))
-                        .map(|(_, change)| change),
-                );
-            }
-            CopyMode::Resync => {
-                let newer: HashSet<&Key> = window
-                    .touched
-                    .iter()
-                    .filter(|(xid, _)| !chunk.snapshot.shows(*xid))
-                    .map(|(_, key)| key)
-                    .collect();
-                changes.extend(
-                    chunk
-                        .rows
-                        .into_iter()
-                        .filter(|(key, _)| !newer.contains(key))
-                        .map(|(_, row)| read(row)),
-                );
-            }
-        }
+        changes.extend(chunk.rows.into_iter().map(|(_, row)| read(row)));
+        changes.extend(
+            window
+                .kept
+                .into_iter()
+                .filter(|(xid, _)| !chunk.snapshot.shows(*xid))
+                .map(|(_, change)| change),
+        );
         copy.done = chunk.up_to.clone();
         let _ = chunk.done.send(true);
         Some(ChunkUnit {
@@ -393,23 +381,7 @@ impl Copies {
             return;
         };
         let chunk_key = chunk_key.clone();
-        match copy.mode {
-            CopyMode::Resync => {
-                if let Some(window) = &mut copy.window {
-                    for key in change_keys(&chunk_key, &change).into_iter().flatten() {
-                        if in_range(
-                            &key,
-                            copy.done.as_ref().map(|d| &d.parts),
-                            window.up_to.as_ref(),
-                        ) {
-                            window.touched.push((xid, key));
-                        }
-                    }
-                }
-                out.push(change);
-            }
-            CopyMode::NewTable => copy.route(&chunk_key, xid, change, out),
-        }
+        copy.route(&chunk_key, xid, change, out);
     }
 }
 
@@ -443,10 +415,10 @@ impl TableCopy {
         }
     }
 
-    /// New tables: a change goes downstream if its keys are copied, is
-    /// kept aside if they are in the window, and is left out if they are
-    /// ahead. An update moving a row between those places is split into
-    /// its leaving (a delete) and its arriving (an insert).
+    /// A change goes downstream if its keys are copied, is kept aside if
+    /// they are in the window, and if they are ahead is left out (a new
+    /// table) or goes downstream (a re-sync). An update moving a row
+    /// between those places is split into its leaving and its arriving.
     fn route(&mut self, chunk_key: &ChunkKey, xid: u32, change: Change, out: &mut Vec<Change>) {
         let [departure, arrival] = change_keys(chunk_key, &change);
         let (Some(from), Some(to)) = (
@@ -486,35 +458,87 @@ impl TableCopy {
             };
             self.send(from, xid, leaving, out);
         }
-        let new = if new.contains(&Datum::UnchangedToast) {
-            if to != Place::Ahead {
-                tracing::warn!(table = %self.table, %lsn, "an update moved a row into the copied part of the table leaving its unchanged TOASTed values out; they arrive as NULL: re-sync the table once its copy is done");
-            }
-            new.into_iter()
-                .map(|d| {
-                    if d == Datum::UnchangedToast {
-                        Datum::Null
-                    } else {
-                        d
-                    }
-                })
-                .collect()
-        } else {
+        let new = if to == Place::Ahead {
             new
+        } else {
+            self.whole(new, lsn)
         };
-        let arriving = Change::Insert { lsn, relation, new };
+        let arriving = match self.mode {
+            CopyMode::NewTable => Change::Insert { lsn, relation, new },
+            CopyMode::Resync => Change::Read { lsn, relation, new },
+        };
         self.send(to, xid, arriving, out);
     }
 
+    /// The new row of an update moving a row into the copied part, where
+    /// it arrives as a whole row: unchanged TOASTed values it leaves out
+    /// cannot be had, and are NULL (said in the log).
+    fn whole(&self, new: Row, lsn: Lsn) -> Row {
+        if !new.contains(&Datum::UnchangedToast) {
+            return new;
+        }
+        tracing::warn!(table = %self.table, %lsn, "an update moved a row into the copied part of the table leaving its unchanged TOASTed values out; they arrive as NULL: re-sync the table once its copy is done");
+        new.into_iter()
+            .map(|d| {
+                if d == Datum::UnchangedToast {
+                    Datum::Null
+                } else {
+                    d
+                }
+            })
+            .collect()
+    }
+
     fn send(&mut self, place: Place, xid: u32, change: Change, out: &mut Vec<Change>) {
-        match place {
-            Place::Copied => out.push(change),
-            Place::Window => {
+        match (place, self.mode) {
+            (Place::Copied, _) | (Place::Ahead, CopyMode::Resync) => out.push(change),
+            (Place::Ahead, CopyMode::NewTable) => {}
+            (Place::Window, CopyMode::NewTable) => {
                 if let Some(w) = &mut self.window {
                     w.kept.push((xid, change));
                 }
             }
-            Place::Ahead => {}
+            // The target holds the row (or should): the change goes on, and
+            // is applied again after the rows if the read does not show it,
+            // so a row the target's copy lacked comes out right. Applied
+            // again over the read row, an insert is an upsert and a moved
+            // row leaves and arrives whole.
+            (Place::Window, CopyMode::Resync) => {
+                let again = self.again(&change);
+                out.push(change);
+                if let Some(w) = &mut self.window {
+                    w.kept.extend(again.into_iter().map(|c| (xid, c)));
+                }
+            }
+        }
+    }
+
+    /// A re-sync's change as applied again after the chunk's rows.
+    fn again(&self, change: &Change) -> Vec<Change> {
+        match change {
+            Change::Insert { lsn, relation, new } => vec![Change::Read {
+                lsn: *lsn,
+                relation: relation.clone(),
+                new: new.clone(),
+            }],
+            Change::Update {
+                lsn,
+                relation,
+                old: Some(old),
+                new,
+            } if old.kind == walbridge_core::OldRowKind::Key => vec![
+                Change::Delete {
+                    lsn: *lsn,
+                    relation: relation.clone(),
+                    old: old.clone(),
+                },
+                Change::Read {
+                    lsn: *lsn,
+                    relation: relation.clone(),
+                    new: self.whole(new.clone(), *lsn),
+                },
+            ],
+            other => vec![other.clone()],
         }
     }
 }

@@ -195,20 +195,33 @@ fn a_row_moving_between_copied_and_uncopied_keys_is_split() {
 }
 
 #[test]
-fn a_resync_streams_everything_and_drops_rows_changed_after_its_read() {
+fn a_resync_streams_everything_and_applies_late_window_changes_again() {
     let r = relation();
     let mut c = copies(CopyMode::Resync);
     assert_eq!(ids(&pass(&mut c, 50, insert(&r, 5, 0))), vec![('c', 5)]);
-    let (read, _told) = chunk(&mut c, 1, &r, &[(1, 1), (2, 2), (3, 3)], None);
+    let (read, _told) = chunk(&mut c, 1, &r, &[(1, 1), (2, 2), (3, 3)], Some(3));
     assert_eq!(ids(&pass(&mut c, 90, update(&r, 1, 1, 9))), vec![('u', 1)]);
     assert_eq!(ids(&pass(&mut c, 120, update(&r, 2, 2, 9))), vec![('u', 2)]);
+    assert_eq!(ids(&pass(&mut c, 121, insert(&r, 0, 0))), vec![('c', 0)]);
+    assert_eq!(
+        ids(&pass(&mut c, 122, update(&r, 3, -1, 0))),
+        vec![('u', -1)]
+    );
+    assert_eq!(ids(&pass(&mut c, 120, update(&r, 7, 7, 9))), vec![('u', 7)]);
     let unit = c.high(read, Lsn(500)).unwrap_or_else(|| panic!("no unit"));
     assert_eq!(
         ids(&unit.changes),
-        vec![('r', 1), ('r', 3)],
-        "row 2 changed after the read: the stream has newer"
+        vec![
+            ('r', 1),
+            ('r', 2),
+            ('r', 3),
+            ('u', 2),
+            ('r', 0),
+            ('d', 3),
+            ('r', -1)
+        ],
+        "the rows as read, then again what came after the read: an insert as an upsert, a moved row whole"
     );
-    assert!(unit.up_to.is_none(), "the last chunk");
 }
 
 #[test]
@@ -267,5 +280,24 @@ fn a_new_tables_rows_before_it_has_a_key_wait_for_the_copy() {
     assert_eq!(
         ids(&pass(&mut r, 50, insert(&keyless, 1, 0))),
         vec![('c', 1)]
+    );
+}
+
+#[test]
+fn a_resync_delivers_a_row_moving_from_unread_keys_whole() {
+    let r = relation();
+    let mut c = copies(CopyMode::Resync);
+    let (read, _told) = chunk(&mut c, 1, &r, &[(1, 1)], Some(10));
+    c.high(read, Lsn(500));
+    // The target may lack row 30 (not re-read yet): row 2 is written whole.
+    assert_eq!(
+        ids(&pass(&mut c, 130, update(&r, 30, 2, 0))),
+        vec![('d', 30), ('r', 2)]
+    );
+    // Within the part read, or within the part not read: as it is.
+    assert_eq!(ids(&pass(&mut c, 131, update(&r, 2, 3, 0))), vec![('u', 3)]);
+    assert_eq!(
+        ids(&pass(&mut c, 132, update(&r, 30, 40, 0))),
+        vec![('u', 40)]
     );
 }

@@ -12,9 +12,9 @@ use walbridge_core::{Change, LogicalMessage, Lsn, Relation};
 
 use super::{
     ChunkKey, ChunkMark, ChunkRead, ChunkUnit, Copies, CopyMode, Job, ReadKey, Standing,
-    StoredCopy, WATERMARK_PREFIX, Worker, WorkerEvent,
+    StoredCopy, WATERMARK_PREFIX, Worker, WorkerEvent, requests,
 };
-use crate::catalog::{CatalogError, TypeCatalog, describe_table, published_tables};
+use crate::catalog::{CatalogError, PublishedTable, TypeCatalog, describe_table, published_tables};
 use crate::config::SourceConfig;
 use crate::state::SourceState;
 use crate::wire::ConnParams;
@@ -159,6 +159,7 @@ impl Tracker {
         config: &SourceConfig,
     ) -> Result<(), TrackerError> {
         let tables = published_tables(client, &config.publications, server_version).await?;
+        self.take_requests(&tables, &config.name)?;
         let current: HashSet<u32> = tables.iter().map(|t| t.oid).collect();
         let Some(state) = &mut self.state else {
             return Ok(());
@@ -262,19 +263,48 @@ impl Tracker {
         }
     }
 
-    /// Starts re-synchronizing the table `oid` from its first row.
-    pub fn resync(&mut self, oid: u32, table: &str) -> Result<(), TrackerError> {
-        self.begin(
-            StoredCopy {
-                oid,
-                table: table.to_owned(),
-                mode: CopyMode::Resync,
-                after: None,
-                marks: Vec::new(),
-            },
-            None,
-        );
-        self.store()
+    /// Takes the re-sync requests waiting (`walbridge resync`): each table
+    /// named is copied again from its first row, replacing a copy under
+    /// way; a table not published is refused in the log.
+    fn take_requests(
+        &mut self,
+        tables: &[PublishedTable],
+        source: &str,
+    ) -> Result<(), TrackerError> {
+        let state_error = |e| TrackerError::State(self.state_dir.clone(), e);
+        for (asked, request) in requests(&self.state_dir).map_err(state_error)? {
+            let qualified = if asked.contains('.') {
+                asked.clone()
+            } else {
+                format!("public.{asked}")
+            };
+            let found = tables.iter().find(|t| {
+                format!("{}.{}", t.schema, t.name) == qualified || t.quoted_name() == qualified
+            });
+            match found {
+                Some(t) => {
+                    let table = format!("{}.{}", t.schema, t.name);
+                    tracing::info!(source = %source, table = %table, "re-synchronizing the table while streaming, as requested");
+                    self.begin(
+                        StoredCopy {
+                            oid: t.oid,
+                            table,
+                            mode: CopyMode::Resync,
+                            after: None,
+                            marks: Vec::new(),
+                        },
+                        None,
+                    );
+                    self.store()?;
+                }
+                None => {
+                    tracing::error!(source = %source, "re-sync of table {asked}: source `{source}`'s publications do not cover it; name it as schema.table")
+                }
+            }
+            std::fs::remove_file(&request)
+                .map_err(|e| TrackerError::State(self.state_dir.clone(), e))?;
+        }
+        Ok(())
     }
 
     /// The next word from the worker (pending while there is no worker).
