@@ -1002,6 +1002,6 @@ mod tests {
         );
         assert_eq!(sink.read.load(Ordering::Relaxed), 3);
         assert_eq!(sink.handed.load(Ordering::Relaxed), 0);
-        assert_eq!(inputs[0].events.get(), [0; 5]);
+        assert_eq!(inputs[0].events.get(), [0; 6]);
     }
 }

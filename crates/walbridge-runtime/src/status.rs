@@ -114,20 +114,23 @@ pub struct ObservedSource {
     pub spill_dir: std::path::PathBuf,
 }
 
-/// What a sink's events are counted by: [`OPERATIONS`], then `snapshot`
-/// for rows of the initial copy.
-pub const EVENT_KINDS: [&str; 5] = ["insert", "update", "delete", "truncate", "snapshot"];
+/// What a sink's events are counted by: [`OPERATIONS`] (`read` for rows
+/// copied while streaming), then `snapshot` for rows of the initial copy.
+pub const EVENT_KINDS: [&str; 6] = ["insert", "update", "delete", "truncate", "read", "snapshot"];
+
+/// Where `snapshot` is in [`EVENT_KINDS`].
+const SNAPSHOT: usize = OPERATIONS.len();
 
 /// Events handed to a sink from one source, by [`EVENT_KINDS`]. A sink
 /// attempt that fails is handed what it had not acknowledged again, and
 /// that is counted again.
 #[derive(Debug, Default)]
-pub struct SinkEvents([AtomicU64; 5]);
+pub struct SinkEvents([AtomicU64; EVENT_KINDS.len()]);
 
 impl SinkEvents {
     /// `events` counted by [`EVENT_KINDS`], for [`SinkEvents::add`].
-    pub fn tally(events: &[SourceEvent]) -> [u64; 5] {
-        let mut counts = [0u64; 5];
+    pub fn tally(events: &[SourceEvent]) -> [u64; EVENT_KINDS.len()] {
+        let mut counts = [0u64; EVENT_KINDS.len()];
         for event in events {
             match event {
                 SourceEvent::Change(change) => {
@@ -135,7 +138,7 @@ impl SinkEvents {
                         counts[i] += 1;
                     }
                 }
-                SourceEvent::Snapshot(batch) => counts[4] += batch.rows.len() as u64,
+                SourceEvent::Snapshot(batch) => counts[SNAPSHOT] += batch.rows.len() as u64,
                 _ => {}
             }
         }
@@ -144,7 +147,7 @@ impl SinkEvents {
 
     /// Adds what [`SinkEvents::tally`] counted of events handed over
     /// together: one atomic add per kind present, not per event.
-    pub fn add(&self, counts: [u64; 5]) {
+    pub fn add(&self, counts: [u64; EVENT_KINDS.len()]) {
         for (total, n) in self.0.iter().zip(counts) {
             if n > 0 {
                 total.fetch_add(n, Ordering::Relaxed);
@@ -153,7 +156,7 @@ impl SinkEvents {
     }
 
     /// The counts, in [`EVENT_KINDS`] order.
-    pub fn get(&self) -> [u64; 5] {
+    pub fn get(&self) -> [u64; EVENT_KINDS.len()] {
         std::array::from_fn(|i| self.0[i].load(Ordering::Relaxed))
     }
 }
