@@ -286,11 +286,15 @@ fn resync_repairs_a_damaged_table_while_writes_go_on_and_survives_a_crash() {
     let running = wb.start();
     publisher.wait_for_streaming(WAIT);
     assert_same(&publisher, &subscriber, "b");
-    // Damage the target's copy: wrong values, missing rows.
+    // Damage the target's copy: wrong values, missing rows, rows the
+    // publisher never had (before, among and after its keys).
     subscriber.psql(
         "SET session_replication_role = replica;
          UPDATE b SET v = -1 WHERE id % 100 = 0;
-         DELETE FROM b WHERE id % 97 = 0",
+         DELETE FROM b WHERE id % 97 = 0;
+         INSERT INTO b SELECT g, 7, 'extra' FROM generate_series(-2000000, -1999901) g;
+         INSERT INTO b SELECT g, 7, 'extra' FROM generate_series(2000000, 2000099) g;
+         UPDATE b SET id = id + 1000000 WHERE id % 89 = 0",
     );
     let stop = Arc::new(AtomicBool::new(false));
     let writer = spawn_writer(publisher.superuser(), stop.clone());

@@ -45,6 +45,45 @@ pub struct Truncate {
     pub options: TruncateOptions,
 }
 
+/// How a key column is ordered when a table is read in key order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KeyOrder {
+    /// By the type's own order (integers, uuids).
+    Value,
+    /// Text in byte order (`COLLATE "C"`).
+    Bytes,
+    /// By the value's text form, in byte order (`::text COLLATE "C"`).
+    TextForm,
+}
+
+impl KeyOrder {
+    /// The SQL expression ordering `column` (quoted) this way.
+    pub fn expression(self, column: &str) -> String {
+        match self {
+            KeyOrder::Value => column.to_owned(),
+            KeyOrder::Bytes => format!("{column} COLLATE \"C\""),
+            KeyOrder::TextForm => format!("{column}::text COLLATE \"C\""),
+        }
+    }
+}
+
+/// A range of a table's keys and the keys a read found in it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadRange {
+    /// Position of the read in the stream.
+    pub lsn: Lsn,
+    /// The table, as read.
+    pub relation: Arc<Relation>,
+    /// The key: column indexes in the relation, and how each is ordered.
+    pub key: Vec<(usize, KeyOrder)>,
+    /// Keys after this one (text values); from the first when none.
+    pub after: Option<Vec<String>>,
+    /// Keys up to this one; to the last when none.
+    pub up_to: Option<Vec<String>>,
+    /// The keys the read found, in key order.
+    pub keys: Vec<Vec<String>>,
+}
+
 /// A logical decoding message (`pg_logical_emit_message`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogicalMessage {
@@ -103,6 +142,10 @@ pub enum Change {
         /// The row.
         new: Row,
     },
+    /// The rows a re-sync read between two keys: a target row in that
+    /// range whose key is not among them is not in the publisher's table.
+    /// Comes before the rows ([`Change::Read`]) of the chunk it bounds.
+    ReadRange(ReadRange),
     /// A TRUNCATE.
     Truncate(Truncate),
     /// A transactional logical decoding message.
@@ -146,7 +189,7 @@ impl Change {
             Change::Delete { .. } => Some(2),
             Change::Truncate(_) => Some(3),
             Change::Read { .. } => Some(4),
-            Change::Message(_) => None,
+            Change::ReadRange(_) | Change::Message(_) => None,
         }
     }
 
@@ -158,6 +201,7 @@ impl Change {
             | Change::Update { lsn, .. }
             | Change::Delete { lsn, .. } => *lsn,
             Change::Truncate(t) => t.lsn,
+            Change::ReadRange(r) => r.lsn,
             Change::Message(m) => m.lsn,
         }
     }
@@ -183,6 +227,12 @@ impl Change {
                 }
                 Change::Delete { old, .. } => row(&old.row),
                 Change::Truncate(t) => t.relations.len() * 8,
+                Change::ReadRange(r) => r
+                    .keys
+                    .iter()
+                    .flatten()
+                    .map(|k| k.len() + std::mem::size_of::<String>())
+                    .sum(),
                 Change::Message(m) => m.prefix.len() + m.content.len(),
             }
     }

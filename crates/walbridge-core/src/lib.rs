@@ -27,8 +27,8 @@ mod units;
 mod value;
 
 pub use change::{
-    Change, LogicalMessage, OPERATIONS, OldRow, OldRowKind, Truncate, TruncateOptions,
-    update_new_row,
+    Change, KeyOrder, LogicalMessage, OPERATIONS, OldRow, OldRowKind, ReadRange, Truncate,
+    TruncateOptions, update_new_row,
 };
 pub use copy_text::{CopyText, CopyTextError};
 pub use event::{EventBatch, Origin, SnapshotBatch, SourceEvent, TransactionInfo};

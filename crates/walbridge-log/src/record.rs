@@ -7,9 +7,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use prost::Message as _;
 use walbridge_core::{
-    Change, Column, CopyText, Datum, EventBatch, LogicalMessage, Lsn, OldRow, OldRowKind, Origin,
-    PgTimestamp, Relation, ReplicaIdentity, Row, SnapshotBatch, SourceEvent, TableName,
-    TransactionInfo, Truncate, TruncateOptions, ValueKind,
+    Change, Column, CopyText, Datum, EventBatch, KeyOrder, LogicalMessage, Lsn, OldRow, OldRowKind,
+    Origin, PgTimestamp, ReadRange, Relation, ReplicaIdentity, Row, SnapshotBatch, SourceEvent,
+    TableName, TransactionInfo, Truncate, TruncateOptions, ValueKind,
 };
 
 use crate::pb;
@@ -371,6 +371,29 @@ fn change_to_pb(change: &Change, relations: &mut RecordRelations<'_>) -> pb::Cha
             restart_identity: t.options.restart_identity,
         }),
         Change::Message(m) => Kind::Message(message_to_pb(m)),
+        Change::ReadRange(r) => {
+            let key = |values: &Vec<String>| pb::Key {
+                values: values.clone(),
+            };
+            Kind::ReadRange(pb::ReadRange {
+                relation: relations.index(&r.relation),
+                key: r
+                    .key
+                    .iter()
+                    .map(|(index, order)| pb::KeyColumn {
+                        index: *index as u32,
+                        order: match order {
+                            KeyOrder::Value => 0,
+                            KeyOrder::Bytes => 1,
+                            KeyOrder::TextForm => 2,
+                        },
+                    })
+                    .collect(),
+                after: r.after.as_ref().map(key),
+                up_to: r.up_to.as_ref().map(key),
+                keys: r.keys.iter().map(key).collect(),
+            })
+        }
     };
     pb::Change {
         lsn: change.lsn().0,
@@ -599,6 +622,37 @@ fn change_from_pb(
                 relation: relation(i.relation)?,
                 new: row_from_pb(i.new.unwrap_or_default())?,
             },
+            Kind::ReadRange(r) => {
+                let relation = relation(r.relation)?;
+                let columns = relation.columns.len();
+                Change::ReadRange(ReadRange {
+                    lsn,
+                    relation,
+                    key: r
+                        .key
+                        .into_iter()
+                        .map(|k| {
+                            if k.index as usize >= columns {
+                                return Err(RecordError::Invalid("key column out of range"));
+                            }
+                            let order = match k.order {
+                                0 => KeyOrder::Value,
+                                1 => KeyOrder::Bytes,
+                                2 => KeyOrder::TextForm,
+                                _ => {
+                                    return Err(RecordError::Invalid(
+                                        "key column of unknown order",
+                                    ));
+                                }
+                            };
+                            Ok((k.index as usize, order))
+                        })
+                        .collect::<Result<_, _>>()?,
+                    after: r.after.map(|k| k.values),
+                    up_to: r.up_to.map(|k| k.values),
+                    keys: r.keys.into_iter().map(|k| k.values).collect(),
+                })
+            }
             Kind::Read(r) => Change::Read {
                 lsn,
                 relation: relation(r.relation)?,

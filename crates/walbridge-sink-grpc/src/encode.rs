@@ -229,6 +229,9 @@ impl Encoder {
             Change::Update { .. } => pb::Operation::Update,
             Change::Delete { .. } => pb::Operation::Delete,
             Change::Truncate(_) => pb::Operation::Truncate,
+            // What a target should delete in a re-sync: consumers get the
+            // rows as READs, and apply them as upserts.
+            Change::ReadRange(_) => return None,
             Change::Message(m) => {
                 return self.filter.message(&m.prefix).then(|| pb::Change {
                     operation: pb::Operation::Message.into(),
@@ -271,7 +274,7 @@ impl Encoder {
                 encoded.cascade = truncate.options.cascade;
                 encoded.restart_identity = truncate.options.restart_identity;
             }
-            Change::Message(_) => return None,
+            Change::ReadRange(_) | Change::Message(_) => return None,
         }
         Some(encoded)
     }

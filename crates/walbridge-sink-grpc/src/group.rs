@@ -78,7 +78,7 @@ pub(crate) fn change_partition(change: &Change, count: u32) -> u32 {
             relation, new, old, ..
         } => row_partition(relation, &update_new_row(new, old.as_ref()), count),
         Change::Delete { relation, old, .. } => row_partition(relation, &old.row, count),
-        Change::Truncate(_) | Change::Message(_) => 0,
+        Change::Truncate(_) | Change::ReadRange(_) | Change::Message(_) => 0,
     }
 }
 

@@ -165,6 +165,9 @@ impl Encoder {
                 },
             }),
             Change::Message(m) => return self.message(out, at, m),
+            // Consumers get a re-sync's rows as reads; what a target
+            // should delete is not a line.
+            Change::ReadRange(_) => return,
         };
         Self::write(out, &line);
     }

@@ -557,6 +557,9 @@ impl Emitter {
                 return Ok(());
             }
             Change::Message(message) => return self.message(from, message, out).await,
+            // Consumers get a re-sync's rows as reads; what a target should
+            // delete is not an event.
+            Change::ReadRange(_) => return Ok(()),
         };
         for row in rows {
             self.row_event(from, transaction.as_deref(), relation, row, out)

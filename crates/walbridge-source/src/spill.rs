@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use walbridge_core::{
-    Change, Column, Datum, LogicalMessage, Lsn, OldRow, OldRowKind, Relation, ReplicaIdentity, Row,
-    TableName, Truncate, TruncateOptions, ValueKind,
+    Change, Column, Datum, KeyOrder, LogicalMessage, Lsn, OldRow, OldRowKind, ReadRange, Relation,
+    ReplicaIdentity, Row, TableName, Truncate, TruncateOptions, ValueKind,
 };
 
 /// A spill file could not be written or read back.
@@ -172,6 +172,29 @@ impl SpillWriter {
                     buf.put_u32(id);
                 }
             }
+            Change::ReadRange(r) => {
+                let id = self.relation_id(&r.relation)?;
+                buf.put_u8(b'G');
+                buf.put_u64(r.lsn.0);
+                buf.put_u32(id);
+                buf.put_u32(u32::try_from(r.key.len()).unwrap_or(u32::MAX));
+                for (index, order) in &r.key {
+                    buf.put_u32(u32::try_from(*index).unwrap_or(u32::MAX));
+                    buf.put_u8(match order {
+                        KeyOrder::Value => 0,
+                        KeyOrder::Bytes => 1,
+                        KeyOrder::TextForm => 2,
+                    });
+                }
+                for bound in [&r.after, &r.up_to] {
+                    buf.put_u8(u8::from(bound.is_some()));
+                    put_strings(&mut buf, bound.as_deref().unwrap_or_default());
+                }
+                buf.put_u32(u32::try_from(r.keys.len()).unwrap_or(u32::MAX));
+                for key in &r.keys {
+                    put_strings(&mut buf, key);
+                }
+            }
             Change::Message(m) => {
                 buf.put_u8(b'M');
                 buf.put_u64(m.lsn.0);
@@ -317,6 +340,18 @@ pub fn clear_dir(dir: &Path) -> Result<(), SpillError> {
 fn put_bytes(buf: &mut BytesMut, b: &[u8]) {
     buf.put_u32(u32::try_from(b.len()).unwrap_or(u32::MAX));
     buf.put_slice(b);
+}
+
+fn put_strings(buf: &mut BytesMut, values: &[String]) {
+    buf.put_u32(u32::try_from(values.len()).unwrap_or(u32::MAX));
+    for v in values {
+        put_bytes(buf, v.as_bytes());
+    }
+}
+
+fn take_strings(buf: &mut Bytes) -> Option<Vec<String>> {
+    let n = take_u32(buf)?;
+    (0..n).map(|_| take_string(buf)).collect()
 }
 
 fn take_u8(buf: &mut Bytes) -> Option<u8> {
@@ -580,6 +615,41 @@ fn decode_change(buf: &mut Bytes, relations: &HashMap<u32, Arc<Relation>>) -> Op
                 },
             })
         }
+        b'G' => {
+            let relation = relation(buf)?;
+            let columns = take_u32(buf)?;
+            let key = (0..columns)
+                .map(|_| {
+                    let index = take_u32(buf)? as usize;
+                    let order = match take_u8(buf)? {
+                        0 => KeyOrder::Value,
+                        1 => KeyOrder::Bytes,
+                        2 => KeyOrder::TextForm,
+                        _ => return None,
+                    };
+                    Some((index, order))
+                })
+                .collect::<Option<Vec<_>>>()?;
+            let bound = |buf: &mut Bytes| {
+                let present = take_u8(buf)? == 1;
+                let values = take_strings(buf)?;
+                Some(present.then_some(values))
+            };
+            let after = bound(buf)?;
+            let up_to = bound(buf)?;
+            let n = take_u32(buf)?;
+            let keys = (0..n)
+                .map(|_| take_strings(buf))
+                .collect::<Option<Vec<_>>>()?;
+            Change::ReadRange(ReadRange {
+                lsn,
+                relation,
+                key,
+                after,
+                up_to,
+                keys,
+            })
+        }
         b'M' => Change::Message(LogicalMessage {
             lsn,
             transactional: take_u8(buf)? == 1,
@@ -651,6 +721,14 @@ mod tests {
                 relation: r2.clone(),
                 new: vec![Datum::Text(Bytes::from_static(b"{2}"))],
             },
+            Change::ReadRange(ReadRange {
+                lsn: Lsn(3),
+                relation: r2.clone(),
+                key: vec![(0, KeyOrder::TextForm)],
+                after: Some(vec!["{1}".into()]),
+                up_to: None,
+                keys: vec![vec!["{2}".into()], vec![String::new()]],
+            }),
             Change::Truncate(Truncate {
                 lsn: Lsn(4),
                 relations: vec![r1, r2],

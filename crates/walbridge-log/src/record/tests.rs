@@ -98,6 +98,19 @@ fn every_kind_of_change_round_trips() {
                 restart_identity: false,
             },
         }),
+        Change::ReadRange(ReadRange {
+            lsn: Lsn(14),
+            relation: a.clone(),
+            key: vec![(0, KeyOrder::Value), (1, KeyOrder::TextForm)],
+            after: None,
+            up_to: Some(vec!["9".into(), "x y".into()]),
+            keys: vec![vec!["1".into(), "a".into()], vec!["9".into(), "x y".into()]],
+        }),
+        Change::Read {
+            lsn: Lsn(14),
+            relation: a.clone(),
+            new: vec![text("9"), text("x y")],
+        },
         Change::Message(LogicalMessage {
             lsn: Lsn(15),
             transactional: true,

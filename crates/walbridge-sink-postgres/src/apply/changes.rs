@@ -5,8 +5,10 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use tokio_postgres::Statement;
 use tokio_postgres::types::{ToSql, Type};
-use walbridge_core::{Change, Datum, Oid, OldRow, OldRowKind, Row, TransactionInfo, Truncate};
-use walbridge_pg::describe_pg_error;
+use walbridge_core::{
+    Change, Datum, Oid, OldRow, OldRowKind, ReadRange, Row, TransactionInfo, Truncate,
+};
+use walbridge_pg::{describe_pg_error, quote_literal};
 
 use super::{Applier, ChangeKind, Prepared, Purpose, failed, simple};
 use crate::batch::{Batch, BatchKind, BatchRow, batch_sql, bound_columns, param_types};
@@ -67,6 +69,62 @@ pub(super) fn with_element_type(array: &Bytes, element: Oid) -> Bytes {
 
 pub(super) fn row_bytes(row: &Row) -> usize {
     row.iter().map(|d| d.len() + 8).sum()
+}
+
+/// The DELETE removing the target rows in `range` whose keys the read did
+/// not find (a re-sync's chunk: they are not in the publisher's table). The
+/// range is the publisher's key order, written the same way here; with
+/// `source_column`, only this source's rows.
+pub(super) fn stale_rows_sql(map: &TableMap, range: &ReadRange) -> String {
+    let columns: Vec<&str> = range
+        .key
+        .iter()
+        .filter_map(|(i, _)| map.columns.get(*i).map(|c| c.quoted.as_str()))
+        .collect();
+    let ordered: Vec<String> = range
+        .key
+        .iter()
+        .zip(&columns)
+        .map(|((_, order), column)| order.expression(column))
+        .collect();
+    let literals = |values: &[String]| {
+        values
+            .iter()
+            .map(|v| quote_literal(v))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut conditions = Vec::new();
+    let tuple = format!("({})", ordered.join(", "));
+    if let Some(after) = &range.after {
+        conditions.push(format!("{tuple} > ({})", literals(after)));
+    }
+    if let Some(up_to) = &range.up_to {
+        conditions.push(format!("{tuple} <= ({})", literals(up_to)));
+    }
+    if !range.keys.is_empty() {
+        // Compared as text: the values are the publisher's text forms.
+        let found: Vec<String> = range
+            .keys
+            .iter()
+            .map(|k| format!("({})", literals(k)))
+            .collect();
+        let as_text: Vec<String> = columns.iter().map(|c| format!("{c}::text")).collect();
+        conditions.push(format!(
+            "({}) NOT IN (VALUES {})",
+            as_text.join(", "),
+            found.join(", ")
+        ));
+    }
+    if let Some((column, value)) = &map.source_tag {
+        conditions.push(format!("{column} = {value}"));
+    }
+    let filter = if conditions.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", conditions.join(" AND "))
+    };
+    format!("DELETE FROM {}{filter}", map.quoted())
 }
 
 /// How a batch's statement is run.
@@ -165,6 +223,23 @@ impl Applier {
             Change::Truncate(truncate) => {
                 self.send_batches_all().await?;
                 self.truncate(&txn, truncate).await
+            }
+            Change::ReadRange(range) => {
+                let map = self.map(&range.relation).await?;
+                if map.routed_partition {
+                    // The target table holds the other partitions' rows in
+                    // the same key range: nothing can be told stale.
+                    return Ok(());
+                }
+                self.send_batches_all().await?;
+                self.ensure_open().await?;
+                self.group.changes += 1;
+                let purpose = Purpose::Stale {
+                    txn: txn.clone(),
+                    table: map.target.display(),
+                };
+                let sql = stale_rows_sql(&map, &range);
+                self.send(purpose, simple(&self.client, sql)).await
             }
             Change::Message(_) => Ok(()),
         }

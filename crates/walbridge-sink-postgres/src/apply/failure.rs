@@ -84,6 +84,7 @@ impl Applier {
             }
             Purpose::Change { txn, map, .. } => (txn.clone(), map.target.display()),
             Purpose::Truncate { txn, tables } => (txn.clone(), tables.clone()),
+            Purpose::Stale { txn, table } => (txn.clone(), table.clone()),
             Purpose::Batch {
                 map,
                 rows,
@@ -146,6 +147,7 @@ impl Applier {
                 }
             }
             Purpose::Change { .. }
+            | Purpose::Stale { .. }
             | Purpose::Control(_)
             | Purpose::Commit(_)
             | Purpose::WalPosition(_)

@@ -70,6 +70,11 @@ enum Purpose {
         kind: ChangeKind,
         binds: Arc<[(bool, usize)]>,
     },
+    /// Removing the rows a re-sync's chunk did not find.
+    Stale {
+        txn: Arc<TransactionInfo>,
+        table: String,
+    },
     /// A TRUNCATE of a source transaction.
     Truncate {
         txn: Arc<TransactionInfo>,

@@ -5,12 +5,12 @@
 use std::cmp::Ordering;
 
 use bytes::Bytes;
-use walbridge_core::{Datum, Relation, ReplicaIdentity, Row};
+use walbridge_core::{Datum, KeyOrder, Relation, ReplicaIdentity, Row};
 use walbridge_pg::{quote_ident, quote_literal};
 
-/// How one key column is ordered.
+/// How one key column is compared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KeyOrder {
+pub enum KeyKind {
     /// `int2`, `int4`, `int8`, `oid`: by value (the table's index serves it).
     Integer,
     /// `uuid`: by its 16 bytes, which its text form keeps in order.
@@ -23,22 +23,22 @@ pub enum KeyOrder {
     TextForm,
 }
 
-impl KeyOrder {
+impl KeyKind {
     fn of(type_name: &str) -> Self {
         match type_name {
-            "int2" | "int4" | "int8" | "oid" => KeyOrder::Integer,
-            "uuid" => KeyOrder::Uuid,
-            "text" | "varchar" => KeyOrder::Text,
-            _ => KeyOrder::TextForm,
+            "int2" | "int4" | "int8" | "oid" => KeyKind::Integer,
+            "uuid" => KeyKind::Uuid,
+            "text" | "varchar" => KeyKind::Text,
+            _ => KeyKind::TextForm,
         }
     }
 
-    /// The expression `column` is ordered by.
-    fn expression(self, column: &str) -> String {
+    /// How the publisher orders it.
+    fn order(self) -> KeyOrder {
         match self {
-            KeyOrder::Integer | KeyOrder::Uuid => column.to_owned(),
-            KeyOrder::Text => format!("{column} COLLATE \"C\""),
-            KeyOrder::TextForm => format!("{column}::text COLLATE \"C\""),
+            KeyKind::Integer | KeyKind::Uuid => KeyOrder::Value,
+            KeyKind::Text => KeyOrder::Bytes,
+            KeyKind::TextForm => KeyOrder::TextForm,
         }
     }
 
@@ -46,18 +46,18 @@ impl KeyOrder {
     /// binary for the orders whose binary form is known.
     fn part(self, datum: &Datum) -> Option<KeyPart> {
         match (self, datum) {
-            (KeyOrder::Integer, Datum::Text(t)) => std::str::from_utf8(t)
+            (KeyKind::Integer, Datum::Text(t)) => std::str::from_utf8(t)
                 .ok()?
                 .parse()
                 .ok()
                 .map(KeyPart::Integer),
-            (KeyOrder::Integer, Datum::Binary(b)) => Some(KeyPart::Integer(match b.len() {
+            (KeyKind::Integer, Datum::Binary(b)) => Some(KeyPart::Integer(match b.len() {
                 2 => i64::from(i16::from_be_bytes([b[0], b[1]])),
                 4 => i64::from(i32::from_be_bytes([b[0], b[1], b[2], b[3]])),
                 8 => i64::from_be_bytes(b[..8].try_into().ok()?),
                 _ => return None,
             })),
-            (KeyOrder::Uuid, Datum::Text(t)) => {
+            (KeyKind::Uuid, Datum::Text(t)) => {
                 let hex: Vec<u8> = t.iter().copied().filter(|c| *c != b'-').collect();
                 if hex.len() != 32 {
                     return None;
@@ -71,10 +71,10 @@ impl KeyOrder {
                     .collect::<Option<Vec<u8>>>()?;
                 Some(KeyPart::Bytes(Bytes::from(bytes)))
             }
-            (KeyOrder::Uuid, Datum::Binary(b)) if b.len() == 16 => Some(KeyPart::Bytes(b.clone())),
+            (KeyKind::Uuid, Datum::Binary(b)) if b.len() == 16 => Some(KeyPart::Bytes(b.clone())),
             // The binary form of text is its bytes.
-            (KeyOrder::Text, Datum::Text(t) | Datum::Binary(t))
-            | (KeyOrder::TextForm, Datum::Text(t)) => Some(KeyPart::Bytes(t.clone())),
+            (KeyKind::Text, Datum::Text(t) | Datum::Binary(t))
+            | (KeyKind::TextForm, Datum::Text(t)) => Some(KeyPart::Bytes(t.clone())),
             _ => None,
         }
     }
@@ -111,7 +111,7 @@ pub struct ChunkKey {
     /// Their quoted names.
     quoted: Vec<String>,
     /// How each is ordered.
-    orders: Vec<KeyOrder>,
+    orders: Vec<KeyKind>,
 }
 
 impl ChunkKey {
@@ -135,16 +135,36 @@ impl ChunkKey {
                 .collect(),
             orders: columns
                 .iter()
-                .map(|&i| KeyOrder::of(&column(i).type_name))
+                .map(|&i| KeyKind::of(&column(i).type_name))
                 .collect(),
             columns,
         })
     }
 
+    /// The key columns and how the publisher orders each.
+    pub fn ordered(&self) -> Vec<(usize, KeyOrder)> {
+        self.columns
+            .iter()
+            .zip(&self.orders)
+            .map(|(&i, kind)| (i, kind.order()))
+            .collect()
+    }
+
+    /// The key values of a row read from the publisher, as text.
+    pub fn text_of(&self, row: &Row) -> Option<Vec<String>> {
+        self.columns
+            .iter()
+            .map(|&i| match row.get(i) {
+                Some(Datum::Text(t)) => std::str::from_utf8(t).ok().map(str::to_owned),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// True when every key column can be compared in binary form (a
     /// `binary = true` source sends changes so).
     pub fn binary_comparable(&self) -> bool {
-        !self.orders.contains(&KeyOrder::TextForm)
+        !self.orders.contains(&KeyKind::TextForm)
     }
 
     /// The key of `row`; `None` when a key value is missing or malformed.
@@ -158,16 +178,10 @@ impl ChunkKey {
 
     /// The key of a row read from the publisher (text values).
     pub fn read_key(&self, row: &Row) -> Option<ReadKey> {
-        let parts = self.key_of(row)?;
-        let text = self
-            .columns
-            .iter()
-            .map(|&i| match row.get(i) {
-                Some(Datum::Text(t)) => std::str::from_utf8(t).ok().map(str::to_owned),
-                _ => None,
-            })
-            .collect::<Option<Vec<String>>>()?;
-        Some(ReadKey { parts, text })
+        Some(ReadKey {
+            parts: self.key_of(row)?,
+            text: self.text_of(row)?,
+        })
     }
 
     /// The comparable key for stored text values.
@@ -196,7 +210,7 @@ impl ChunkKey {
         self.quoted
             .iter()
             .zip(&self.orders)
-            .map(|(c, o)| o.expression(c))
+            .map(|(c, o)| o.order().expression(c))
             .collect()
     }
 
@@ -236,7 +250,7 @@ mod tests {
 
     #[test]
     fn integers_order_by_value_in_text_and_binary() {
-        let o = KeyOrder::Integer;
+        let o = KeyKind::Integer;
         let nine = o.part(&text("9"));
         let ten = o.part(&text("10"));
         assert!(nine < ten);
@@ -251,7 +265,7 @@ mod tests {
 
     #[test]
     fn uuids_order_by_bytes_in_text_and_binary() {
-        let o = KeyOrder::Uuid;
+        let o = KeyKind::Uuid;
         let a = o.part(&text("00000000-0000-0000-0000-0000000000ff"));
         let b = o.part(&text("00000000-0000-0000-0000-000000000100"));
         assert!(a < b);
@@ -262,7 +276,7 @@ mod tests {
 
     #[test]
     fn text_orders_by_bytes_and_ranges_are_half_open() {
-        let o = KeyOrder::Text;
+        let o = KeyKind::Text;
         let key = |s: &str| vec![o.part(&text(s)).unwrap_or(KeyPart::Integer(0))];
         assert!(key("B") < key("a"), "byte order, as COLLATE \"C\"");
         let (b, d) = (key("b"), key("d"));

@@ -56,7 +56,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use walbridge_core::{Change, Datum, Lsn, OldRow, Relation, RelationId, Row};
+use walbridge_core::{Change, Datum, KeyOrder, Lsn, OldRow, ReadRange, Relation, RelationId, Row};
 
 pub use key::{ChunkKey, Key, KeyPart, ReadKey, in_range};
 pub use request::{request_resync, requests};
@@ -191,11 +191,13 @@ pub struct ChunkRead {
     /// The table as read.
     pub relation: Arc<Relation>,
     /// The rows, in key order, with their keys.
-    pub rows: Vec<(Key, Row)>,
+    pub rows: Vec<(ReadKey, Row)>,
     /// The read's snapshot.
     pub snapshot: PgSnapshot,
     /// The chunk's upper key; none for the last chunk.
     pub up_to: Option<ReadKey>,
+    /// The key's columns and how the read ordered them.
+    pub key: Vec<(usize, KeyOrder)>,
     /// Told once the chunk went downstream (true) or was dropped (false).
     pub done: tokio::sync::oneshot::Sender<bool>,
 }
@@ -307,7 +309,19 @@ impl Copies {
     pub fn high(&mut self, chunk: ChunkRead, at: Lsn) -> Option<ChunkUnit> {
         let copy = self.tables.get_mut(&chunk.oid)?;
         let window = copy.window.take_if(|w| w.id == chunk.id)?;
-        let mut changes = Vec::with_capacity(chunk.rows.len() + window.kept.len());
+        let mut changes = Vec::with_capacity(chunk.rows.len() + window.kept.len() + 1);
+        if copy.mode == CopyMode::Resync {
+            // Rows a damaged target holds in the range and the read did not
+            // find go first (the window's late changes come again after).
+            changes.push(Change::ReadRange(ReadRange {
+                lsn: at,
+                relation: chunk.relation.clone(),
+                key: chunk.key.clone(),
+                after: copy.done.as_ref().map(|d| d.text.clone()),
+                up_to: chunk.up_to.as_ref().map(|u| u.text.clone()),
+                keys: chunk.rows.iter().map(|(k, _)| k.text.clone()).collect(),
+            }));
+        }
         let read = |new: Row| Change::Read {
             lsn: at,
             relation: chunk.relation.clone(),
@@ -354,7 +368,7 @@ impl Copies {
                 out.push(change);
                 return;
             }
-            Change::Read { .. } | Change::Message(_) => {
+            Change::Read { .. } | Change::ReadRange(_) | Change::Message(_) => {
                 out.push(change);
                 return;
             }
@@ -399,7 +413,7 @@ fn change_keys(key: &ChunkKey, change: &Change) -> [Option<Key>; 2] {
             };
             [departure, arrival]
         }
-        Change::Truncate(_) | Change::Message(_) => [None, None],
+        Change::Truncate(_) | Change::ReadRange(_) | Change::Message(_) => [None, None],
     }
 }
 

@@ -113,16 +113,14 @@ fn chunk(
             id,
             oid: 7,
             relation: r.clone(),
-            rows: rows
-                .iter()
-                .map(|&(k, v)| (vec![KeyPart::Integer(k)], row(k, v)))
-                .collect(),
+            rows: rows.iter().map(|&(k, v)| (key(k), row(k, v))).collect(),
             snapshot: PgSnapshot {
                 xmin: 100,
                 xmax: 100,
                 running: Vec::new(),
             },
             up_to: up_to.map(key),
+            key: vec![(0, walbridge_core::KeyOrder::Value)],
             done,
         },
         told,
@@ -209,8 +207,24 @@ fn a_resync_streams_everything_and_applies_late_window_changes_again() {
     );
     assert_eq!(ids(&pass(&mut c, 120, update(&r, 7, 7, 9))), vec![('u', 7)]);
     let unit = c.high(read, Lsn(500)).unwrap_or_else(|| panic!("no unit"));
+    let Some(Change::ReadRange(range)) = unit.changes.first() else {
+        panic!("no range first: {:?}", unit.changes.first());
+    };
     assert_eq!(
-        ids(&unit.changes),
+        (&range.after, &range.up_to, &range.keys),
+        (
+            &None,
+            &Some(vec!["3".to_owned()]),
+            &vec![
+                vec!["1".to_owned()],
+                vec!["2".to_owned()],
+                vec!["3".to_owned()]
+            ]
+        ),
+        "the range read, and the keys found in it"
+    );
+    assert_eq!(
+        ids(&unit.changes[1..]),
         vec![
             ('r', 1),
             ('r', 2),

@@ -206,6 +206,7 @@ impl Worker {
                 rows,
                 snapshot,
                 up_to: up_to.clone(),
+                key: key.ordered(),
                 done,
             }))?;
             watermark(client, "high", id, &job.table).await?;
@@ -423,7 +424,7 @@ async fn read_chunk(
     from: &Source<'_>,
     after: Option<&ReadKey>,
     up_to: Option<&ReadKey>,
-) -> Result<(PgSnapshot, Vec<(super::Key, Row)>), Trouble> {
+) -> Result<(PgSnapshot, Vec<(ReadKey, Row)>), Trouble> {
     let table = from.table.quoted_name();
     client
         .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
@@ -448,7 +449,7 @@ async fn read_chunk(
         let keyed = rows
             .into_iter()
             .map(|row| {
-                from.key.key_of(&row).map(|k| (k, row)).ok_or_else(|| {
+                from.key.read_key(&row).map(|k| (k, row)).ok_or_else(|| {
                     Trouble::Table(format!("table {table}: a key value could not be read"))
                 })
             })
