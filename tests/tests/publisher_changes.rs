@@ -183,7 +183,15 @@ fn a_new_table_under_for_all_tables_is_copied_and_a_crash_resumes_the_copy() {
 /// sink), copying in chunks of 2,000 rows and looking at the publication
 /// every second.
 fn replicating(setup: &str) -> (Cluster, Cluster, Deployment) {
-    let publisher = Cluster::start();
+    replicating_from(Cluster::start(), setup, "")
+}
+
+/// As [`replicating`], from `publisher`, with more source keys.
+fn replicating_from(
+    publisher: Cluster,
+    setup: &str,
+    source_extra: &str,
+) -> (Cluster, Cluster, Deployment) {
     let subscriber = Cluster::start();
     publisher.psql(SCHEMA);
     subscriber.psql(SCHEMA);
@@ -192,7 +200,7 @@ fn replicating(setup: &str) -> (Cluster, Cluster, Deployment) {
     wb.configure_sinks(
         &publisher.superuser(),
         &["pub"],
-        "backfill_chunk_rows = 2000\nrefresh_interval = 1",
+        &format!("backfill_chunk_rows = 2000\nrefresh_interval = 1\n{source_extra}"),
         &format!(
             "[[sink]]\nname = \"replica\"\ntype = \"postgres\"\nconnection = \"{}\"\n",
             subscriber.superuser()
@@ -364,4 +372,65 @@ fn the_admin_endpoint_takes_resync_requests() {
         WAIT,
     );
     assert!(running.stop(WAIT).success(), "log:\n{}", wb.log());
+}
+
+#[test]
+fn a_lost_slot_with_recopy_is_created_again_and_every_table_copied_again() {
+    let (publisher, subscriber, wb) = replicating_from(
+        Cluster::builder()
+            .setting("max_slot_wal_keep_size", "'1MB'")
+            .setting("wal_keep_size", "0")
+            .start(),
+        "INSERT INTO b SELECT g, 0, 'p' FROM generate_series(1, 10000) g;
+         INSERT INTO a SELECT g, 0 FROM generate_series(1, 100) g;
+         CREATE PUBLICATION pub FOR TABLE a, b",
+        "on_slot_lost = \"recopy\"",
+    );
+    let running = wb.start();
+    publisher.wait_for_streaming(WAIT);
+    assert_same(&publisher, &subscriber, "b");
+    assert!(running.stop(WAIT).success(), "log:\n{}", wb.log());
+    // Changes made while walbridge is away, then the slot lost: they never
+    // reach walbridge as changes.
+    publisher.psql(
+        "UPDATE b SET v = 5 WHERE id % 10 = 0;
+         DELETE FROM b WHERE id % 7 = 0;
+         INSERT INTO b SELECT g, 1, 'late' FROM generate_series(20001, 20500) g;
+         DELETE FROM a WHERE id > 50",
+    );
+    let lost = "SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'walbridge_src'";
+    for _ in 0..20 {
+        publisher.psql("CREATE TABLE IF NOT EXISTS filler (pad text); INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 20000); SELECT pg_switch_wal(); CHECKPOINT");
+        if publisher.psql(lost) == "lost" {
+            break;
+        }
+    }
+    assert_eq!(publisher.psql(lost), "lost");
+    let running = wb.start();
+    wb.wait_for_log("created the replication slot again", WAIT);
+    let deadline = Instant::now() + WAIT;
+    while wb
+        .log()
+        .matches("the table's copy is durable downstream")
+        .count()
+        < 2
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the copies did not end:\n{}",
+            wb.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    publisher.psql("UPDATE b SET v = v + 1 WHERE id <= 100");
+    for table in ["a", "b"] {
+        assert_same(&publisher, &subscriber, table);
+    }
+    assert!(running.stop(WAIT).success(), "log:\n{}", wb.log());
+    assert!(
+        wb.log()
+            .contains("on_slot_lost = \"recopy\": the slot is created again"),
+        "{}",
+        wb.log()
+    );
 }

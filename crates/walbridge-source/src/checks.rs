@@ -6,7 +6,7 @@ use std::fmt;
 
 use tokio_postgres::Client;
 
-use crate::config::SourceConfig;
+use crate::config::{OnSlotLost, SourceConfig};
 use crate::slot;
 use crate::wire::{ConnParams, ConnectionError, ReplicationConnection, connect_sql};
 
@@ -293,7 +293,12 @@ async fn slot_checks(
                 )));
             }
             if slot.is_lost() {
-                findings.push(error(slot::lost_slot_message(name, &slot_name, &slot)));
+                let message = slot::lost_slot_message(name, &slot_name, &slot);
+                findings.push(if config.on_slot_lost == OnSlotLost::Recopy {
+                    warning(format!("{message} (on_slot_lost = \"recopy\": walbridge does so itself at start)"))
+                } else {
+                    error(message)
+                });
             }
             if slot.active {
                 let pid = slot.active_pid.map_or_else(|| "another process".to_owned(), |p| format!("process {p}"));

@@ -3,6 +3,22 @@
 use serde::Deserialize;
 use walbridge_core::ByteSize;
 
+/// What a source does when its slot is lost (invalidated by
+/// `max_slot_wal_keep_size` or `idle_replication_slot_timeout`, or dropped)
+/// after its tables were copied: the changes since it last confirmed are
+/// gone from the publisher.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnSlotLost {
+    /// Stop with one line saying what happened and what to do.
+    #[default]
+    Stop,
+    /// Create the slot again and copy every table again while streaming
+    /// (a re-sync of each): sinks apply the rows idempotently, and rows
+    /// the targets hold that the publisher no longer has are removed.
+    Recopy,
+}
+
 /// Which changes to receive by their replication origin (PostgreSQL 16+).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -79,6 +95,10 @@ pub struct SourceConfig {
     /// failover (PostgreSQL 17+; an existing slot is switched over).
     #[serde(default)]
     pub failover: bool,
+    /// What to do when the slot was invalidated or dropped after the
+    /// initial copy: `stop` (the default) or `recopy`.
+    #[serde(default)]
+    pub on_slot_lost: OnSlotLost,
     /// `any` or `none` (PostgreSQL 16+).
     #[serde(default)]
     pub origin: OriginFilter,

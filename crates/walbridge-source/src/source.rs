@@ -13,10 +13,10 @@ use walbridge_core::{
 };
 
 use crate::assembler::{Assembled, Assembler, CommittedTransaction};
-use crate::backfill::{ChunkUnit, Tracker};
+use crate::backfill::{ChunkUnit, Tracker, request_resync};
 use crate::catalog::{TypeCatalog, describe_table, published_tables};
 use crate::checks::{Finding, Outlook, Severity, check_source, explain_connection_error};
-use crate::config::{OriginFilter, SourceConfig};
+use crate::config::{OnSlotLost, OriginFilter, SourceConfig};
 pub use crate::error::SourceError;
 use crate::feedback::Feedback;
 use crate::pgoutput::{Decoder, Message};
@@ -555,12 +555,27 @@ impl Source {
                 .map_err(|e| self.err(e))?;
             slot = None;
         }
-        match (&slot, &state) {
-            (None, Some(state)) if state.snapshot_complete => {
-                return Err(SourceError::Slot(format!(
-                    "source `{name}`: slot \"{slot_name}\" is gone from the publisher, so changes since walbridge last ran are lost; run `walbridge drop --source {name}` to start over with a fresh copy"
-                )));
+        let lost = match (&slot, &state) {
+            (None, Some(state)) if state.snapshot_complete => Some(format!(
+                "source `{name}`: slot \"{slot_name}\" is gone from the publisher, so changes since walbridge last ran are lost; run `walbridge drop --source {name}` to start over with a fresh copy"
+            )),
+            (Some(existing), Some(state)) if existing.is_lost() && state.snapshot_complete => {
+                Some(slot::lost_slot_message(name, &slot_name, existing))
             }
+            _ => None,
+        };
+        if let (Some(message), Some(state)) = (lost, &state) {
+            if self.config.on_slot_lost == OnSlotLost::Stop {
+                return Err(SourceError::Slot(message));
+            }
+            self.recreate_lost_slot(&mut conn, slot.is_some(), state.clone())
+                .await?;
+            tracing::warn!(source = %name, "{message}. on_slot_lost = \"recopy\": the slot is created again and every table is copied again while streaming; sinks apply the rows as upserts, and what changed meanwhile arrives as its result");
+            slot = slot::slot_info(&mut conn, &slot_name)
+                .await
+                .map_err(|e| self.err(e))?;
+        }
+        match (&slot, &state) {
             (None, _) if !self.config.create_slot => {
                 return Err(SourceError::Slot(format!(
                     "source `{name}`: slot \"{slot_name}\" does not exist and create_slot = false: create it or set create_slot = true"
@@ -600,6 +615,57 @@ impl Source {
             conn, events, flushed, shutdown, assembler, feedback, tracker,
         )
         .await
+    }
+
+    /// Drops the lost slot (if it is there), creates it again and asks for
+    /// every published table to be re-synchronized (taken when streaming
+    /// starts).
+    async fn recreate_lost_slot(
+        &self,
+        conn: &mut ReplicationConnection,
+        exists: bool,
+        mut state: SourceState,
+    ) -> Result<(), SourceError> {
+        let name = &self.config.name;
+        let slot_name = self.config.slot_name();
+        if exists {
+            slot::drop_slot(conn, &slot_name, true)
+                .await
+                .map_err(|e| self.err(e))?;
+        }
+        let client = connect_sql(&self.params, self.config.application_name())
+            .await
+            .map_err(|e| self.err(e))?;
+        let tables = published_tables(
+            &client,
+            &self.config.publications,
+            conn.server_version_num(),
+        )
+        .await
+        .map_err(|e| SourceError::Catalog(name.clone(), e))?;
+        let state_error = |e| SourceError::State(name.clone(), self.state_dir.clone(), e);
+        // Asked for before the slot exists: a crash in between leaves the
+        // requests, and the next start finds the slot gone again.
+        for table in &tables {
+            request_resync(&self.state_dir, &format!("{}.{}", table.schema, table.name))
+                .map_err(state_error)?;
+        }
+        let created = slot::create_slot(
+            conn,
+            &slot_name,
+            SlotPersistence::Permanent,
+            SnapshotAction::Nothing,
+            SlotOptions {
+                two_phase: self.config.two_phase,
+                failover: self.config.failover,
+            },
+        )
+        .await
+        .map_err(|e| self.err(e))?;
+        state.consistent_point = created.consistent_point.to_string();
+        state.store(&self.state_dir).map_err(state_error)?;
+        tracing::info!(source = %name, slot = %slot_name, consistent_point = %created.consistent_point, tables = tables.len(), "created the replication slot again");
+        Ok(())
     }
 
     async fn create_slot_and_copy(
