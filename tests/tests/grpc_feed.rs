@@ -1117,3 +1117,37 @@ fn a_group_of_three_shares_every_change_exactly_once_across_a_member_leaving() {
         "every member had partitions"
     );
 }
+
+#[test]
+fn a_table_created_under_for_all_tables_arrives_as_reads_then_changes() {
+    let f = Fixture::start(
+        "CREATE TABLE a (id int PRIMARY KEY)",
+        "refresh_interval = 1",
+        "",
+    );
+    f.pg.psql(
+        "CREATE TABLE b (id int PRIMARY KEY, v int);
+         INSERT INTO b SELECT g, g FROM generate_series(1, 300) g",
+    );
+    f.wb.wait_for_log("table copied while streaming", WAIT);
+    f.pg.psql("UPDATE b SET v = 0 WHERE id = 1");
+    let lines = read_all(&f.client, &json!({"start": earliest()}));
+    let changes: Vec<&Value> = events(&lines, "change")
+        .into_iter()
+        .map(|c| &c["decoded"])
+        .collect();
+    let operations: Vec<&str> = changes
+        .iter()
+        .filter_map(|c| c["operation"].as_str())
+        .collect();
+    // The inserts that made the rows are held back: each row comes once,
+    // read, then its change.
+    assert_eq!(operations.len(), 301, "{operations:?}");
+    assert!(operations[..300].iter().all(|o| *o == "READ"), "{operations:?}");
+    assert_eq!(operations[300], "UPDATE");
+    let ids: Vec<i64> = changes[..300]
+        .iter()
+        .filter_map(|c| c["new"]["id"]["int64"].as_i64())
+        .collect();
+    assert_eq!(ids, (1..=300).collect::<Vec<_>>());
+}

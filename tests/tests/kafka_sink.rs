@@ -1365,3 +1365,56 @@ fn what_the_brokers_deny_is_reported_by_check_and_stops_the_sink() {
     assert_eq!(messages.len(), 4, "{messages:#?}");
     assert!(running.stop(WAIT).success(), "{}", wb.log());
 }
+
+#[test]
+fn a_table_added_to_the_publication_arrives_as_reads_then_changes() {
+    let p = Pipeline::new(
+        "CREATE TABLE a (id int PRIMARY KEY);
+         CREATE TABLE b (id int PRIMARY KEY, v int NOT NULL);
+         INSERT INTO b SELECT g, 0 FROM generate_series(1, 5000) g;
+         CREATE PUBLICATION pub FOR TABLE a",
+    );
+    p.configure("", "");
+    let running = p.wb.start();
+    p.publisher.wait_for_streaming(WAIT);
+    p.publisher.psql(
+        "ALTER PUBLICATION pub ADD TABLE b;
+         UPDATE b SET v = 1 WHERE id <= 10;
+         DELETE FROM b WHERE id BETWEEN 11 AND 20;
+         INSERT INTO b VALUES (9999, 9);
+         UPDATE b SET v = 3 WHERE id = 4000;",
+    );
+    wait_for_log(&p.wb, "table copied while streaming");
+    p.publisher.psql("UPDATE b SET v = 2 WHERE id = 1; DELETE FROM b WHERE id = 2");
+    let expected: BTreeMap<i64, i64> = p
+        .publisher
+        .psql("SELECT id, v FROM b")
+        .lines()
+        .filter_map(|l| {
+            let (id, v) = l.split_once('|')?;
+            Some((id.parse().ok()?, v.parse().ok()?))
+        })
+        .collect();
+    // Every row once as a read, then its changes (row 1's update, row 2's
+    // delete and tombstone).
+    let messages = p.read(&["src.public.b"], expected.len() + 3);
+    let mut image = BTreeMap::new();
+    for (key, history) in by_key(&messages) {
+        let ops = ops(&history);
+        assert_eq!(ops[0], "r", "key {key} starts with its read: {ops:?}");
+        assert_eq!(
+            ops.iter().filter(|o| *o == "r").count(),
+            1,
+            "key {key} is read once: {ops:?}"
+        );
+        let last = history.iter().rev().find(|m| !m.value.is_null());
+        if let Some(last) = last.filter(|m| m.value["op"] != "d") {
+            image.insert(
+                last.value["after"]["id"].as_i64().unwrap_or(-1),
+                last.value["after"]["v"].as_i64().unwrap_or(-1),
+            );
+        }
+    }
+    assert_eq!(image, expected);
+    assert!(running.stop(WAIT).success(), "log:\n{}", p.wb.log());
+}
