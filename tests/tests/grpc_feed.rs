@@ -1143,7 +1143,10 @@ fn a_table_created_under_for_all_tables_arrives_as_reads_then_changes() {
     // The inserts that made the rows are held back: each row comes once,
     // read, then its change.
     assert_eq!(operations.len(), 301, "{operations:?}");
-    assert!(operations[..300].iter().all(|o| *o == "READ"), "{operations:?}");
+    assert!(
+        operations[..300].iter().all(|o| *o == "READ"),
+        "{operations:?}"
+    );
     assert_eq!(operations[300], "UPDATE");
     let ids: Vec<i64> = changes[..300]
         .iter()

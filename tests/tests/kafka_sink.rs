@@ -1385,7 +1385,8 @@ fn a_table_added_to_the_publication_arrives_as_reads_then_changes() {
          UPDATE b SET v = 3 WHERE id = 4000;",
     );
     wait_for_log(&p.wb, "table copied while streaming");
-    p.publisher.psql("UPDATE b SET v = 2 WHERE id = 1; DELETE FROM b WHERE id = 2");
+    p.publisher
+        .psql("UPDATE b SET v = 2 WHERE id = 1; DELETE FROM b WHERE id = 2");
     let expected: BTreeMap<i64, i64> = p
         .publisher
         .psql("SELECT id, v FROM b")

@@ -66,6 +66,8 @@ pub struct LogWriter {
     /// Why the writer thread stopped, once it has.
     failure: Arc<watch::Sender<Option<String>>>,
     queued: Arc<Semaphore>,
+    /// The last record queued did not end its unit.
+    within_unit: std::sync::atomic::AtomicBool,
 }
 
 impl LogWriter {
@@ -131,6 +133,7 @@ impl LogWriter {
             shared,
             failure,
             queued,
+            within_unit: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -143,10 +146,16 @@ impl LogWriter {
 
     /// Queues a record. `unit_end` marks the last record of a unit (a
     /// transaction's last chunk, or a record on its own); readers see a unit
-    /// only once all of it is durable. Waits while the queue is full, and
-    /// while the log is at `max_size` (see [`WhenFull`]).
+    /// only once all of it is durable. Waits while the queue is full, and,
+    /// before a unit's first record, while the log is at `max_size` (see
+    /// [`WhenFull`]): the rest of a unit begun goes in regardless, since no
+    /// sink can move past a unit, and so free space, before it is whole
+    /// (the log then holds max_size and the rest of one unit).
     pub async fn append(&self, payload: Vec<u8>, lsn: Lsn, unit_end: bool) -> Result<(), LogError> {
-        if let Some(max) = self.shared.options.max_size {
+        let continuing = self
+            .within_unit
+            .swap(!unit_end, std::sync::atomic::Ordering::Relaxed);
+        if let Some(max) = self.shared.options.max_size.filter(|_| !continuing) {
             let mut size = self.shared.size.subscribe();
             let queued = || (QUEUE_BYTES - self.queued.available_permits()) as u64;
             let mut full = *size.borrow_and_update() + queued() > max;

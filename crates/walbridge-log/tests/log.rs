@@ -329,6 +329,35 @@ async fn at_max_size_appends_block_until_the_slow_cursor_moves() {
 }
 
 #[tokio::test]
+async fn at_max_size_a_unit_begun_is_finished_and_the_next_waits() {
+    let dir = ok(tempfile::tempdir());
+    let (log, writer, _) = ok(Log::open(dir.path(), small_and_bounded(WhenFull::DropSink)));
+    log.register_cursor("stuck", 0);
+    log.register_cursor("other", 0);
+    // One unit of 120 records, past max_size: no cursor can move inside
+    // it, so waiting at max_size there would wait for good.
+    let unit = tokio::spawn(async move {
+        for i in 0..120 {
+            ok(writer.append(payload(i), Lsn(10_000), i == 119).await);
+        }
+        writer
+    });
+    let writer = ok(tokio::time::timeout(Duration::from_secs(10), unit)
+        .await
+        .unwrap_or_else(|_| panic!("the unit did not finish")));
+    wait_for_head(&log, 120).await;
+    assert!(log.size() > 96 * 1024, "the unit went past max_size");
+    // The next unit waits until a cursor moves on.
+    let next = spawn_appends(writer, 120..121);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!next.is_finished());
+    ok(log.advance_cursor("other", 120));
+    assert!(log.is_dropped("stuck"));
+    let writer = ok(next.await);
+    ok(writer.close().await);
+}
+
+#[tokio::test]
 async fn at_max_size_drop_sink_gives_up_on_the_slow_cursor() {
     let dir = ok(tempfile::tempdir());
     let (log, writer, _) = ok(Log::open(dir.path(), small_and_bounded(WhenFull::DropSink)));
