@@ -141,6 +141,14 @@ impl Worker {
     /// Copies `job`'s table to its end.
     async fn copy(&mut self, client: &Client, job: Job) -> Result<(), Trouble> {
         let source = &self.config.name;
+        if self.server_version < 140_000 {
+            // The watermarks are logical decoding messages, which pgoutput
+            // sends from PostgreSQL 14 on.
+            return Err(Trouble::Table(format!(
+                "table {}: copying a table while streaming needs PostgreSQL 14 or newer on the publisher; copy it by hand, or upgrade",
+                job.table
+            )));
+        }
         let mut after = job.after;
         let mut types = TypeCatalog::new();
         let mut rows_copied = 0u64;
