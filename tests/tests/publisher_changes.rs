@@ -222,6 +222,15 @@ fn kill_after_a_durable_chunk(wb: &Deployment, running: walbridge_tests::walbrid
         assert!(Instant::now() < deadline, "no chunk durable:\n{}", wb.log());
         std::thread::sleep(Duration::from_millis(2));
     }
+    // Status shows the copy under way.
+    let (code, body) = walbridge_tests::admin::get(&wb.admin_address(WAIT), "/status");
+    assert_eq!(code, 200, "{body}");
+    let status: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    let copies = &status["sources"][0]["copies"];
+    assert!(
+        copies[0]["table"].is_string() && copies[0]["rows"].as_u64() > Some(0),
+        "{copies}"
+    );
     running.kill();
 }
 

@@ -259,11 +259,29 @@ pub struct SourceStatus {
     pub spill_bytes: u64,
     /// The initial copy: tables done and to do, rows and bytes.
     pub snapshot: SnapshotStatus,
+    /// Tables being copied while streaming (added to the publication,
+    /// re-synced).
+    pub copies: Vec<StreamCopyStatus>,
     /// The slot as the publisher last reported it (polled every few
     /// seconds); `None` until the first poll answers.
     pub slot: Option<SlotStatus>,
     /// Its log.
     pub log: LogStatus,
+}
+
+/// A table being copied while streaming, in [`SourceStatus`].
+#[derive(Debug, Serialize)]
+pub struct StreamCopyStatus {
+    /// `schema.name`.
+    pub table: String,
+    /// `new table` or `re-sync`.
+    pub mode: &'static str,
+    /// Rows handed to the log since this process started or went on with
+    /// the copy.
+    pub rows: u64,
+    /// The key copied up to (its columns' values as text); none before the
+    /// first chunk.
+    pub up_to: Option<Vec<String>>,
 }
 
 /// A source's slot in [`SourceStatus`].
@@ -775,6 +793,16 @@ fn source_status(source: &ObservedSource) -> SourceStatus {
                 })
                 .collect(),
         },
+        copies: stats
+            .copies()
+            .into_iter()
+            .map(|c| StreamCopyStatus {
+                table: c.table,
+                mode: c.mode,
+                rows: c.rows,
+                up_to: c.up_to,
+            })
+            .collect(),
         slot: stats.slot().map(|(slot, polled)| {
             let received = load(&stats.received);
             SlotStatus {

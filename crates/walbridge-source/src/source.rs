@@ -137,6 +137,22 @@ pub struct SourceStats {
     pub reconnects: std::sync::atomic::AtomicU64,
     /// The slot as last polled ([`Source::watch_slot`]), and when.
     slot: std::sync::Mutex<Option<(slot::SlotHealth, std::time::SystemTime)>>,
+    /// Tables being copied while streaming, by OID.
+    copies: std::sync::Mutex<std::collections::BTreeMap<u32, CopyProgress>>,
+}
+
+/// A table being copied while streaming, as status shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CopyProgress {
+    /// `schema.name`.
+    pub table: String,
+    /// `new table` or `re-sync`.
+    pub mode: &'static str,
+    /// Rows handed downstream since this process started it or went on
+    /// with it.
+    pub rows: u64,
+    /// The key copied up to, as text; none before the first chunk.
+    pub up_to: Option<Vec<String>>,
 }
 
 /// What a source is doing.
@@ -213,6 +229,34 @@ impl SourceStats {
     fn set_slot(&self, health: Option<slot::SlotHealth>) {
         *self.slot.lock().unwrap_or_else(|p| p.into_inner()) =
             health.map(|h| (h, std::time::SystemTime::now()));
+    }
+
+    /// Tables being copied while streaming.
+    pub fn copies(&self) -> Vec<CopyProgress> {
+        self.copies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// How the copy of table `oid` stands, if it is being copied.
+    pub fn copies_of(&self, oid: u32) -> Option<CopyProgress> {
+        self.copies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&oid)
+            .cloned()
+    }
+
+    /// Records how the copy of table `oid` stands; `None` when it ended.
+    pub fn set_copy(&self, oid: u32, progress: Option<CopyProgress>) {
+        let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
+        match progress {
+            Some(p) => copies.insert(oid, p),
+            None => copies.remove(&oid),
+        };
     }
 
     /// Changes emitted per operation, in [`walbridge_core::OPERATIONS`] order.
@@ -449,7 +493,7 @@ impl Source {
             .map_err(|e| SourceError::Spill(self.config.name.clone(), e))?;
         let mut assembler = Assembler::new(spill_dir, self.config.spill_threshold.0 as usize);
         let mut feedback = Feedback::new(resume_after, applied);
-        let mut tracker = Tracker::new(self.state_dir.clone());
+        let mut tracker = Tracker::new(self.state_dir.clone(), self.stats.clone());
         let _stopped = StoppedOnDrop(&self.stats);
         let mut checked = false;
         let mut backoff = Backoff::default();

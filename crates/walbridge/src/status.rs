@@ -186,6 +186,21 @@ fn human(status: &Value) -> String {
                 text(&table["bytes"]),
             ));
         }
+        for copy in source["copies"].as_array().into_iter().flatten() {
+            let up_to = match copy["up_to"].as_array() {
+                Some(key) => format!(
+                    ", up to key ({})",
+                    key.iter().map(text).collect::<Vec<_>>().join(", ")
+                ),
+                None => String::new(),
+            };
+            out.push_str(&format!(
+                "  copying {} while streaming ({}): {} rows{up_to}\n",
+                text(&copy["table"]),
+                text(&copy["mode"]),
+                text(&copy["rows"]),
+            ));
+        }
     }
     for sink in status["sinks"].as_array().into_iter().flatten() {
         out.push_str(&format!(

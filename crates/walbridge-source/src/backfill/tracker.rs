@@ -16,6 +16,7 @@ use super::{
 };
 use crate::catalog::{CatalogError, PublishedTable, TypeCatalog, describe_table, published_tables};
 use crate::config::SourceConfig;
+use crate::source::{CopyProgress, SourceStats};
 use crate::state::SourceState;
 use crate::wire::ConnParams;
 
@@ -36,6 +37,8 @@ pub enum TrackerError {
 /// Tables and their copies, across the stream's reconnects.
 pub struct Tracker {
     state_dir: PathBuf,
+    /// Where status reads how the copies stand.
+    stats: Arc<SourceStats>,
     /// The state as stored; `None` until the first stream start loads it.
     state: Option<SourceState>,
     /// The copies under way were taken from the state (at the first start
@@ -59,9 +62,10 @@ impl Drop for Tracker {
 
 impl Tracker {
     /// A tracker keeping its state in `state_dir`.
-    pub fn new(state_dir: PathBuf) -> Self {
+    pub fn new(state_dir: PathBuf, stats: Arc<SourceStats>) -> Self {
         Tracker {
             state_dir,
+            stats,
             state: None,
             loaded: false,
             copies: Copies::default(),
@@ -112,6 +116,15 @@ impl Tracker {
                 });
             for stored in &state.copies {
                 self.copies.start(stored);
+                self.stats.set_copy(
+                    stored.oid,
+                    Some(CopyProgress {
+                        table: stored.table.clone(),
+                        mode: stored.mode.as_str(),
+                        rows: 0,
+                        up_to: stored.after.clone(),
+                    }),
+                );
                 let Some(table) = tables.iter().find(|t| t.oid == stored.oid) else {
                     continue;
                 };
@@ -241,6 +254,7 @@ impl Tracker {
         }
         state.copies.retain(|c| c.oid != oid);
         self.copies.finish(oid);
+        self.stats.set_copy(oid, None);
         tracing::info!(source = %source, oid, "a table left the publication; its rows stay on the targets");
     }
 
@@ -252,6 +266,15 @@ impl Tracker {
         state.copies.retain(|c| c.oid != stored.oid);
         state.copies.push(stored.clone());
         self.copies.start(&stored);
+        self.stats.set_copy(
+            stored.oid,
+            Some(CopyProgress {
+                table: stored.table.clone(),
+                mode: stored.mode.as_str(),
+                rows: 0,
+                up_to: None,
+            }),
+        );
         self.copies.set_done(stored.oid, after.clone());
         if let Some(jobs) = &self.jobs {
             let _ = jobs.send(Job {
@@ -330,6 +353,7 @@ impl Tracker {
                     state.copies.retain(|c| c.oid != oid);
                 }
                 self.copies.finish(oid);
+                self.stats.set_copy(oid, None);
                 self.store()?;
             }
             WorkerEvent::Failed(e) => return Err(TrackerError::Worker(e)),
@@ -392,6 +416,9 @@ impl Tracker {
         if let Some(state) = &mut self.state {
             state.copies.retain(|c| !finished.contains(&c.oid));
         }
+        for oid in finished {
+            self.stats.set_copy(oid, None);
+        }
         self.store()
     }
 
@@ -400,6 +427,15 @@ impl Tracker {
     pub fn handing(&mut self, end: Lsn, unit: &ChunkUnit) -> Result<(), TrackerError> {
         if unit.up_to.is_none() {
             self.copies.finish(unit.oid);
+            self.stats.set_copy(unit.oid, None);
+        } else if let Some(mut progress) = self.stats.copies_of(unit.oid) {
+            progress.rows += unit
+                .changes
+                .iter()
+                .filter(|c| matches!(c, Change::Read { .. }))
+                .count() as u64;
+            progress.up_to = unit.up_to.as_ref().map(|k| k.text.clone());
+            self.stats.set_copy(unit.oid, Some(progress));
         }
         let Some(stored) = self
             .state
