@@ -1076,9 +1076,19 @@ impl Source {
                                     if let Some(unit) =
                                         unit.filter(|_| end > feedback.last_emitted_end)
                                     {
+                                        // A watermark written as a message outside a
+                                        // transaction: the unit takes its place.
+                                        let info = Arc::new(TransactionInfo {
+                                            xid: 0,
+                                            commit_lsn: m.lsn,
+                                            end_lsn: end,
+                                            commit_time: PgTimestamp::now(),
+                                            origin: None,
+                                            gid: None,
+                                        });
                                         self.emit_chunk(
                                             &mut conn, events, flushed, shutdown, assembler,
-                                            feedback, tracker, unit, m.lsn,
+                                            feedback, tracker, unit, info,
                                         )
                                         .await?;
                                     }
@@ -1142,11 +1152,35 @@ impl Source {
             return Ok(());
         }
         let info = txn.info.clone();
-        let changes = txn
+        let single = txn.changes.len() == 1;
+        let mut changes = txn
             .changes
             .into_changes()
             .map_err(|e| SourceError::Spill(name.clone(), e))?
             .map(|c| c.map_err(|e| SourceError::Spill(name.clone(), e)));
+        // A watermark of a copy made while streaming is a transaction of
+        // one message: it goes no further, and a high one hands over its
+        // chunk in its place.
+        let first = if single {
+            changes.next().transpose()?
+        } else {
+            None
+        };
+        if let Some(Change::Message(m)) = &first {
+            let watermark = tracker
+                .watermark(m, name)
+                .map_err(|e| SourceError::Backfill(name.clone(), e))?;
+            if let Some(unit) = watermark {
+                if let Some(unit) = unit {
+                    self.emit_chunk(
+                        conn, events, flushed, shutdown, assembler, feedback, tracker, unit, info,
+                    )
+                    .await?;
+                }
+                return Ok(());
+            }
+        }
+        let changes = first.map(Ok).into_iter().chain(changes);
         self.hand_over(
             conn,
             events,
@@ -1161,8 +1195,8 @@ impl Source {
         .await
     }
 
-    /// Hands a chunk copied while streaming downstream, as one unit placed
-    /// at its high watermark (`at`).
+    /// Hands a chunk copied while streaming downstream, as one unit in the
+    /// place of its high watermark's transaction (`info`).
     #[allow(clippy::too_many_arguments)]
     async fn emit_chunk(
         &self,
@@ -1174,16 +1208,8 @@ impl Source {
         feedback: &mut Feedback,
         tracker: &mut Tracker,
         unit: ChunkUnit,
-        at: Lsn,
+        info: Arc<TransactionInfo>,
     ) -> Result<(), SourceError> {
-        let info = Arc::new(TransactionInfo {
-            xid: 0,
-            commit_lsn: at,
-            end_lsn: Lsn(at.0.saturating_add(1)),
-            commit_time: PgTimestamp::now(),
-            origin: None,
-            gid: None,
-        });
         tracker
             .handing(info.end_lsn, &unit)
             .map_err(|e| SourceError::Backfill(self.config.name.clone(), e))?;

@@ -410,11 +410,13 @@ impl Source<'_> {
     }
 }
 
-/// Writes a watermark: a non-transactional message, so it takes its place
-/// in the stream at once.
+/// Writes a watermark: a message in a transaction of its own, committed
+/// with `synchronous_commit = on`, so its WAL is flushed at once and the
+/// walsender sends it at once (a non-transactional message waits for the
+/// WAL writer, up to `wal_writer_delay`, 200 ms by default, per watermark).
 async fn watermark(client: &Client, side: &str, id: u64, table: &str) -> Result<(), Trouble> {
     let sql = format!(
-        "SELECT pg_logical_emit_message(false, {}, {})",
+        "BEGIN; SET LOCAL synchronous_commit = on; SELECT pg_logical_emit_message(true, {}, {}); COMMIT",
         quote_literal(WATERMARK_PREFIX),
         quote_literal(&format!("{side} {id}"))
     );
