@@ -8,12 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
-use walbridge_core::{
-    Change, EventBatch, Lsn, PgTimestamp, Relation, SourceEvent, TransactionInfo,
-};
+use walbridge_core::{Change, EventBatch, Lsn, Relation, SourceEvent, TransactionInfo};
 
 use crate::assembler::{Assembled, Assembler, CommittedTransaction};
-use crate::backfill::{ChunkUnit, Tracker, request_resync};
+use crate::backfill::{ChunkUnit, Tracker, WATERMARK_PREFIX, request_resync};
 use crate::catalog::{TypeCatalog, describe_table, published_tables};
 use crate::checks::{Finding, Outlook, Severity, check_source, explain_connection_error};
 use crate::config::{OnSlotLost, OriginFilter, SourceConfig};
@@ -1069,30 +1067,11 @@ impl Source {
                             Assembled::Message(m) => {
                                 // Downstream records a message just past its LSN.
                                 let end = Lsn(m.lsn.0.saturating_add(1));
-                                let watermark = tracker
-                                    .watermark(&m, &name)
-                                    .map_err(|e| SourceError::Backfill(name.clone(), e))?;
-                                if let Some(unit) = watermark {
-                                    if let Some(unit) =
-                                        unit.filter(|_| end > feedback.last_emitted_end)
-                                    {
-                                        // A watermark written as a message outside a
-                                        // transaction: the unit takes its place.
-                                        let info = Arc::new(TransactionInfo {
-                                            xid: 0,
-                                            commit_lsn: m.lsn,
-                                            end_lsn: end,
-                                            commit_time: PgTimestamp::now(),
-                                            origin: None,
-                                            gid: None,
-                                        });
-                                        self.emit_chunk(
-                                            &mut conn, events, flushed, shutdown, assembler,
-                                            feedback, tracker, unit, info,
-                                        )
-                                        .await?;
-                                    }
-                                } else if m.prefix != HEARTBEAT_PREFIX
+                                // Watermarks are written in transactions
+                                // ([`Source::emit`]); one outside (written by
+                                // hand, say) is not passed on either.
+                                if m.prefix != HEARTBEAT_PREFIX
+                                    && m.prefix != WATERMARK_PREFIX
                                     && self.config.messages
                                     && end > feedback.last_emitted_end
                                 {

@@ -116,15 +116,7 @@ impl Tracker {
                 });
             for stored in &state.copies {
                 self.copies.start(stored);
-                self.stats.set_copy(
-                    stored.oid,
-                    Some(CopyProgress {
-                        table: stored.table.clone(),
-                        mode: stored.mode.as_str(),
-                        rows: 0,
-                        up_to: stored.after.clone(),
-                    }),
-                );
+                show(&self.stats, stored);
                 let Some(table) = tables.iter().find(|t| t.oid == stored.oid) else {
                     continue;
                 };
@@ -266,15 +258,7 @@ impl Tracker {
         state.copies.retain(|c| c.oid != stored.oid);
         state.copies.push(stored.clone());
         self.copies.start(&stored);
-        self.stats.set_copy(
-            stored.oid,
-            Some(CopyProgress {
-                table: stored.table.clone(),
-                mode: stored.mode.as_str(),
-                rows: 0,
-                up_to: None,
-            }),
-        );
+        show(&self.stats, &stored);
         self.copies.set_done(stored.oid, after.clone());
         if let Some(jobs) = &self.jobs {
             let _ = jobs.send(Job {
@@ -486,4 +470,17 @@ impl Tracker {
             None => Ok(()),
         }
     }
+}
+
+/// Shows a copy starting (or going on from the state) in status.
+fn show(stats: &SourceStats, stored: &StoredCopy) {
+    stats.set_copy(
+        stored.oid,
+        Some(CopyProgress {
+            table: stored.table.clone(),
+            mode: stored.mode.as_str(),
+            rows: 0,
+            up_to: stored.after.clone(),
+        }),
+    );
 }
