@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub mod admin;
+pub mod blocking;
 pub mod connect;
 pub mod disk;
 pub mod feed;

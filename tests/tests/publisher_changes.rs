@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use walbridge_tests::Cluster;
+use walbridge_tests::blocking::Blocking;
 use walbridge_tests::fixtures::replay_image;
 use walbridge_tests::walbridge::Deployment;
 
@@ -262,35 +263,6 @@ fn assert_same(publisher: &Cluster, subscriber: &Cluster, table: &str) {
             have.len(),
             differ.join("\n")
         );
-    }
-}
-
-/// A blocking client.
-struct Blocking {
-    runtime: tokio::runtime::Runtime,
-    client: tokio_postgres::Client,
-}
-
-impl Blocking {
-    fn connect(connstr: &str) -> Blocking {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let client = runtime.block_on(async {
-            let (client, conn) = tokio_postgres::connect(connstr, tokio_postgres::NoTls)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            tokio::spawn(conn);
-            client
-        });
-        Blocking { runtime, client }
-    }
-
-    fn execute(&self, sql: &str) {
-        self.runtime
-            .block_on(self.client.batch_execute(sql))
-            .unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
 }
 

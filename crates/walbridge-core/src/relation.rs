@@ -56,6 +56,19 @@ pub struct Column {
     pub kind: ValueKind,
     /// True when the column is part of the replica identity.
     pub is_key: bool,
+    /// Its attribute number on the publisher, 0 when unknown. A renamed
+    /// column keeps its number and a dropped one's is never reused, so
+    /// two descriptors of a table tell a rename from a drop and an add.
+    /// Read from the catalog when the descriptor arrives (which may be
+    /// after later DDL): a column gone by then has 0.
+    pub attnum: i16,
+    /// Declared `NOT NULL` on the publisher (as of the catalog read).
+    pub not_null: bool,
+    /// What rows older than the column hold in it, in text form: the
+    /// constant default it was added with (`pg_attribute.attmissingval`).
+    /// Such rows never pass through the stream, so a sink adding the
+    /// column gives them this value.
+    pub missing_value: Option<String>,
 }
 
 impl Column {
@@ -151,6 +164,9 @@ mod tests {
             type_name: type_name.into(),
             kind: ValueKind::Other,
             is_key: false,
+            attnum: 0,
+            not_null: false,
+            missing_value: None,
         };
         assert_eq!(column("varchar", 14).type_display(), "varchar(10)");
         assert_eq!(column("varchar", -1).type_display(), "varchar");

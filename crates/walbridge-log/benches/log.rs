@@ -35,6 +35,9 @@ fn record(size: usize) -> Vec<u8> {
                     ValueKind::Int8
                 },
                 is_key: i == 0,
+                attnum: 0,
+                not_null: false,
+                missing_value: None,
             })
             .collect(),
         partition_root: None,

@@ -256,6 +256,9 @@ fn relation_to_pb(r: &Relation) -> pb::Relation {
                 type_name: c.type_name.clone(),
                 kind: Some(kind_to_pb(&c.kind)),
                 is_key: c.is_key,
+                attnum: i32::from(c.attnum),
+                not_null: c.not_null,
+                missing_value: c.missing_value.clone(),
             })
             .collect(),
         partition_root: r.partition_root.as_ref().map(|t| pb::TableName {
@@ -528,6 +531,9 @@ fn relation_from_pb(r: pb::Relation) -> Result<Relation, RecordError> {
                 type_name: c.type_name,
                 kind: c.kind.map_or(ValueKind::Other, kind_from_pb),
                 is_key: c.is_key,
+                attnum: i16::try_from(c.attnum).unwrap_or(0),
+                not_null: c.not_null,
+                missing_value: c.missing_value,
             })
             .collect(),
         partition_root: r.partition_root.map(|t| TableName {

@@ -301,6 +301,9 @@ mod tests {
             type_name: "int4".into(),
             kind: ValueKind::Int4,
             is_key,
+            attnum: 0,
+            not_null: false,
+            missing_value: None,
         };
         let relation = Arc::new(Relation {
             id: 1,

@@ -190,6 +190,9 @@ mod tests {
             type_name: String::new(),
             kind,
             is_key,
+            attnum: 0,
+            not_null: false,
+            missing_value: None,
         };
         Arc::new(Relation {
             id: 1,

@@ -22,6 +22,32 @@ pub enum OnConflict {
     Upsert,
 }
 
+/// What a change of a published table's columns on the publisher does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SchemaChanges {
+    /// Stop on the first change that does not fit the target (a new column
+    /// it lacks), as a native subscriber does, until the target is altered
+    /// by hand.
+    #[default]
+    Stop,
+    /// Alter the target as the publisher was, in the same target
+    /// transaction as the changes around it: columns added, dropped
+    /// (`dropped_columns`), renamed, retyped.
+    Apply,
+}
+
+/// What `schema_changes = "apply"` does with a column dropped on the publisher.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DroppedColumns {
+    /// Drop it on the target too.
+    #[default]
+    Drop,
+    /// Keep it and its values (made nullable, so new rows can leave it empty).
+    Keep,
+}
+
 /// Where the applied position of each source is stored in the target.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -124,6 +150,18 @@ pub struct PostgresSinkConfig {
     /// every row lookup, so sources never touch each other's rows.
     #[serde(default)]
     pub source_column: Option<String>,
+    /// What a change of a published table's columns does to the target.
+    #[serde(default)]
+    pub schema_changes: SchemaChanges,
+    /// With `schema_changes = "apply"`: what a column dropped on the
+    /// publisher does on the target.
+    #[serde(default)]
+    pub dropped_columns: DroppedColumns,
+    /// Create a missing target table from the publisher's description
+    /// (columns, types, NOT NULL, primary key; the schema too), instead
+    /// of stopping.
+    #[serde(default)]
+    pub create_tables: bool,
     /// Empty target tables before the initial copy (only this source's
     /// rows with `source_column`); without it a target table holding rows
     /// stops the sink.

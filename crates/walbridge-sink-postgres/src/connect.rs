@@ -117,8 +117,8 @@ pub async fn health_check(config: &PostgresSinkConfig) -> Result<String, SinkErr
 }
 
 /// Maps every table `source` publishes onto the target, as applying will:
-/// one line per table that would stop the sink (missing table or column,
-/// a generated column, a view, no key for upserts).
+/// one line per table that would stop the sink (missing table or column
+/// the sink is not to make, a generated column, a view, no key for upserts).
 pub async fn check_tables(
     config: &PostgresSinkConfig,
     source: &str,
@@ -133,6 +133,10 @@ pub async fn check_tables(
         match mapper.map(&mut catalog, &relation).await {
             Ok(_) => {}
             Err(e @ (SinkError::Connect { .. } | SinkError::Target { .. })) => return Err(e),
+            // Made on the target when applying.
+            Err(SinkError::MissingTable { .. }) if config.create_tables => {}
+            Err(SinkError::MissingColumn { .. })
+                if config.schema_changes == crate::config::SchemaChanges::Apply => {}
             Err(e) => problems.push(e.to_string()),
         }
     }

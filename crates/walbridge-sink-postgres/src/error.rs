@@ -29,6 +29,31 @@ impl std::fmt::Display for StoppedOn {
     }
 }
 
+/// A schema change the target refused.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cannot {action} on target table {table}{} to follow source table {source_table} (schema_changes = \"apply\"): {}; make the target fit by hand, e.g. `{statement}`, then the sink resumes",
+    .column.as_ref().map(|c| format!(", column \"{c}\"")).unwrap_or_default(),
+    describe_pg_error(.source)
+)]
+pub struct SchemaChangeFailed {
+    /// What was being done (`add column`, …).
+    pub action: &'static str,
+    /// Target table.
+    pub table: String,
+    /// The column.
+    pub column: Option<String>,
+    /// The source table.
+    pub source_table: String,
+    /// The statement that failed.
+    pub statement: String,
+    /// Cause.
+    pub source: tokio_postgres::Error,
+    /// The source transaction whose change needed it (none during the
+    /// initial copy).
+    pub stopped: Option<StoppedOn>,
+}
+
 /// A failure of the postgres sink.
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
@@ -96,6 +121,9 @@ pub enum SinkError {
         /// The source table.
         source_table: String,
     },
+    /// A schema change could not be made on the target.
+    #[error(transparent)]
+    SchemaChange(Box<SchemaChangeFailed>),
     /// Another reason a source table cannot be mapped.
     #[error("{0}")]
     Mapping(String),
@@ -271,6 +299,7 @@ impl SinkError {
             | SinkError::Truncate { stopped, .. }
             | SinkError::TruncatePartition { stopped, .. }
             | SinkError::Apply { stopped, .. } => Some(stopped),
+            SinkError::SchemaChange(failed) => failed.stopped.as_ref(),
             _ => None,
         }
     }

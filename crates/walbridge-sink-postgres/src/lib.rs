@@ -18,6 +18,11 @@
 //! * Conflicts stop the sink on the failing source transaction, which
 //!   [`skip()`] moves past; or are skipped, or turned into upserts.
 //!
+//! * With `schema_changes = "apply"` and `create_tables`, the target's
+//!   tables follow the publisher's: [`schema`] plans the statements, run
+//!   in the target transaction of the first change under the new
+//!   definition.
+//!
 //! Apply sessions run with `session_replication_role = replica`.
 
 pub mod apply;
@@ -29,13 +34,16 @@ pub mod inflight;
 mod kind;
 pub mod mapping;
 pub mod progress;
+pub mod schema;
 mod sink;
 mod skip;
 pub mod state;
 pub mod statement;
 pub mod target;
 
-pub use config::{OnConflict, PostgresSinkConfig, ProgressMode, SynchronousCommit};
+pub use config::{
+    DroppedColumns, OnConflict, PostgresSinkConfig, ProgressMode, SchemaChanges, SynchronousCommit,
+};
 pub use connect::{check_tables, health_check};
 pub use error::{SinkError, StoppedOn};
 pub use kind::KIND;

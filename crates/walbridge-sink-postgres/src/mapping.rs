@@ -181,6 +181,18 @@ impl TableMap {
     }
 }
 
+/// Where a source table's rows go.
+pub struct TargetOf {
+    /// The target schema (`None`: the search path).
+    pub schema: Option<String>,
+    /// The target table's name.
+    pub name: String,
+    /// The table, when it exists.
+    pub table: Option<Arc<TargetTable>>,
+    /// It is the table of the source table's partition root.
+    pub routed: bool,
+}
+
 /// Finds and caches the mapping of each relation descriptor.
 pub struct Mapper {
     source: String,
@@ -208,36 +220,43 @@ impl Mapper {
         })
     }
 
+    /// The mapping of `relation` when it was made before.
+    pub fn known(&mut self, relation: &Arc<Relation>) -> Option<Arc<TableMap>> {
+        let address = Arc::as_ptr(relation) as usize;
+        if let Some((_, map)) = self.by_address.get(&address) {
+            return Some(map.clone());
+        }
+        let map = self
+            .by_content
+            .iter()
+            .find(|(r, _)| **r == **relation)
+            .map(|(_, m)| m.clone())?;
+        self.remember(address, relation, &map);
+        Some(map)
+    }
+
     /// The mapping of `relation`, looked up on the target the first time.
     pub async fn map(
         &mut self,
         catalog: &mut TargetCatalog,
         relation: &Arc<Relation>,
     ) -> Result<Arc<TableMap>, SinkError> {
-        let address = Arc::as_ptr(relation) as usize;
-        if let Some((_, map)) = self.by_address.get(&address) {
-            return Ok(map.clone());
+        if let Some(map) = self.known(relation) {
+            return Ok(map);
         }
-        let known = self
-            .by_content
-            .iter()
-            .find(|(r, _)| **r == **relation)
-            .map(|(_, m)| m.clone());
-        let map = match known {
-            Some(m) => m,
-            None => {
-                let m = Arc::new(self.build(catalog, relation).await?);
-                self.by_content.push((relation.clone(), m.clone()));
-                m
-            }
-        };
+        let map = Arc::new(self.build(catalog, relation).await?);
+        self.by_content.push((relation.clone(), map.clone()));
+        self.remember(Arc::as_ptr(relation) as usize, relation, &map);
+        Ok(map)
+    }
+
+    fn remember(&mut self, address: usize, relation: &Arc<Relation>, map: &Arc<TableMap>) {
         // Bounded: decoders share descriptors, so this only grows with schema changes.
         if self.by_address.len() > 4096 {
             self.by_address.clear();
         }
         self.by_address
             .insert(address, (relation.clone(), map.clone()));
-        Ok(map)
     }
 
     /// The target table that receives `relation` (for TRUNCATE, which needs no columns).
@@ -249,30 +268,58 @@ impl Mapper {
         Ok(self.map(catalog, relation).await?.target.clone())
     }
 
+    /// The target table that receives `relation`: its own by the
+    /// template, else (a partition) its root's, else none.
+    pub async fn target_of(
+        &self,
+        catalog: &mut TargetCatalog,
+        relation: &Relation,
+    ) -> Result<TargetOf, SinkError> {
+        let (schema, name) = self
+            .template
+            .render(&self.source, &relation.schema, &relation.name);
+        if let Some(table) = catalog.table(schema.as_deref(), &name).await? {
+            return Ok(TargetOf {
+                schema,
+                name,
+                table: Some(table),
+                routed: false,
+            });
+        }
+        if let Some(root) = &relation.partition_root {
+            // A partition without a counterpart: its rows go to the root's table.
+            let (root_schema, root_name) =
+                self.template.render(&self.source, &root.schema, &root.name);
+            if let Some(table) = catalog.table(root_schema.as_deref(), &root_name).await? {
+                return Ok(TargetOf {
+                    schema: root_schema,
+                    name: root_name,
+                    table: Some(table),
+                    routed: true,
+                });
+            }
+        }
+        Ok(TargetOf {
+            schema,
+            name,
+            table: None,
+            routed: false,
+        })
+    }
+
     async fn build(
         &mut self,
         catalog: &mut TargetCatalog,
         relation: &Relation,
     ) -> Result<TableMap, SinkError> {
         let source_table = format!("{}.{}", relation.schema, relation.name);
-        let (schema, name) = self
-            .template
-            .render(&self.source, &relation.schema, &relation.name);
-        let mut target = catalog.table(schema.as_deref(), &name).await?;
-        let mut routed = false;
-        if target.is_none()
-            && let Some(root) = &relation.partition_root
-        {
-            // A partition without a counterpart: its rows go to the root's table.
-            let (root_schema, root_name) =
-                self.template.render(&self.source, &root.schema, &root.name);
-            target = catalog.table(root_schema.as_deref(), &root_name).await?;
-            routed = target.is_some();
-        }
-        let target = target.ok_or_else(|| SinkError::MissingTable {
-            target: schema
+        let found = self.target_of(catalog, relation).await?;
+        let routed = found.routed;
+        let target = found.table.ok_or_else(|| SinkError::MissingTable {
+            target: found
+                .schema
                 .as_deref()
-                .map_or(name.clone(), |s| format!("{s}.{name}")),
+                .map_or(found.name.clone(), |s| format!("{s}.{}", found.name)),
             source_table: source_table.clone(),
         })?;
         let mut columns = Vec::with_capacity(relation.columns.len());

@@ -26,7 +26,17 @@ pub struct ResumeData {
     /// are applied one by one, to find the transaction at fault.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub one_by_one_until: BTreeMap<String, Lsn>,
+    /// Per source, per table (its OID on the publisher): the published
+    /// columns as of the last target commit, which the next descriptor of
+    /// the table is compared with to tell columns dropped and renamed
+    /// (`schema_changes = "apply"`). Stored after the commit, so it may
+    /// lag the target, never lead it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub published: BTreeMap<String, Published>,
 }
+
+/// A source's published columns per table OID.
+pub type Published = BTreeMap<u32, Vec<crate::schema::PublishedColumn>>;
 
 struct Inner {
     file: CursorFile,
@@ -122,6 +132,25 @@ impl SinkState {
             None => inner.data.one_by_one_until.remove(source).is_some(),
         };
         if changed {
+            self.store(&mut inner);
+        }
+    }
+
+    /// The published columns stored for `source`.
+    pub fn published(&self, source: &str) -> Published {
+        self.lock()
+            .data
+            .published
+            .get(source)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Records (and stores at once) `source`'s published columns.
+    pub fn set_published(&self, source: &str, published: Published) {
+        let mut inner = self.lock();
+        if inner.data.published.get(source) != Some(&published) {
+            inner.data.published.insert(source.to_owned(), published);
             self.store(&mut inner);
         }
     }

@@ -1,6 +1,7 @@
 //! What the sink knows about the target database's tables, looked up on a
 //! connection of its own (so a lookup never runs inside, or aborts, the
-//! apply transaction).
+//! apply transaction) — but right after a schema change, which only the
+//! apply transaction that made it can see.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,6 +19,8 @@ pub struct TargetColumn {
     pub name: String,
     /// Type OID on the target.
     pub type_oid: Oid,
+    /// `atttypmod` (-1 when the type has none).
+    pub type_modifier: i32,
     /// The type as SQL writes it, with its modifier (`character varying(5)`).
     pub type_sql: String,
     /// The type itself, without modifier (`pg_catalog."varchar"`): what
@@ -83,7 +86,12 @@ impl TargetTable {
 
 /// Looks up target tables by name, caching what it found.
 pub struct TargetCatalog {
-    client: Client,
+    /// The catalog's own connection; also for probes that may fail
+    /// (never run in an apply transaction, which a failure would abort).
+    client: Arc<Client>,
+    /// Where tables are looked up: the own connection, but while
+    /// [`TargetCatalog::refresh`] runs.
+    lookup: Arc<Client>,
     tables: HashMap<(Option<String>, String), Arc<TargetTable>>,
     comparable: HashMap<Oid, bool>,
 }
@@ -95,7 +103,9 @@ fn lookup_error(what: String) -> impl FnOnce(tokio_postgres::Error) -> SinkError
 impl TargetCatalog {
     /// A catalog reading through `client`.
     pub fn new(client: Client) -> Self {
+        let client = Arc::new(client);
         TargetCatalog {
+            lookup: client.clone(),
             client,
             tables: HashMap::new(),
             comparable: HashMap::new(),
@@ -103,13 +113,30 @@ impl TargetCatalog {
     }
 
     /// The connection used for lookups.
-    pub fn client(&self) -> &Client {
+    pub fn client(&self) -> &Arc<Client> {
         &self.client
     }
 
     /// Forgets every cached table (after the target's schema may have changed).
     pub fn clear(&mut self) {
         self.tables.clear();
+    }
+
+    /// Looks `schema.name` up again through `via`: the connection whose
+    /// open transaction just altered or created it (a lookup on the
+    /// catalog's own connection would not see that before the commit).
+    pub async fn refresh(
+        &mut self,
+        via: &Arc<Client>,
+        schema: Option<&str>,
+        name: &str,
+    ) -> Result<Option<Arc<TargetTable>>, SinkError> {
+        self.tables
+            .remove(&(schema.map(str::to_owned), name.to_owned()));
+        self.lookup = via.clone();
+        let table = self.table(schema, name).await;
+        self.lookup = self.client.clone();
+        table
     }
 
     /// The table `schema.name` (or `name` on the search path when `schema`
@@ -133,7 +160,7 @@ impl TargetCatalog {
             None => name.to_owned(),
         };
         let row = self
-            .client
+            .lookup
             .query_opt(
                 "SELECT c.oid, n.nspname::text, c.relname::text, c.relkind::text \
                  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
@@ -162,7 +189,7 @@ impl TargetCatalog {
         let columns = self.columns(oid, &display).await?;
         let (unique_keys, has_primary_key) = self.unique_keys(oid, &display).await?;
         let has_apply_triggers: bool = self
-            .client
+            .lookup
             .query_one(
                 "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = $1 AND NOT tgisinternal AND tgenabled IN ('R', 'A'))",
                 &[&oid],
@@ -186,7 +213,7 @@ impl TargetCatalog {
 
     async fn columns(&mut self, oid: Oid, display: &str) -> Result<Vec<TargetColumn>, SinkError> {
         let rows = self
-            .client
+            .lookup
             .query(
                 "SELECT a.attname::text, a.atttypid, format_type(a.atttypid, a.atttypmod), \
                         a.attgenerated <> '', \
@@ -195,7 +222,7 @@ impl TargetCatalog {
                         t.typtype = 'e', \
                         CASE WHEN t.typcategory = 'A' THEN t.typelem END, \
                         coalesce(e.typtype = 'e', false), \
-                        format('%I.%I', tn.nspname, t.typname), t.typarray \
+                        format('%I.%I', tn.nspname, t.typname), t.typarray, a.atttypmod \
                  FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
                  JOIN pg_namespace tn ON tn.oid = t.typnamespace \
                  LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A' \
@@ -213,6 +240,7 @@ impl TargetCatalog {
             columns.push(TargetColumn {
                 name: row.get(0),
                 type_oid: row.get(1),
+                type_modifier: row.get(11),
                 type_sql: row.get(2),
                 type_name: row.get(9),
                 base_oid: row.get(5),
@@ -255,7 +283,7 @@ impl TargetCatalog {
         display: &str,
     ) -> Result<(Vec<Vec<String>>, bool), SinkError> {
         let rows = self
-            .client
+            .lookup
             .query(
                 "SELECT i.indisprimary, \
                         array(SELECT a.attname::text FROM unnest(i.indkey) WITH ORDINALITY k(attnum, n) \

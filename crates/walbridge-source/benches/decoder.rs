@@ -33,6 +33,9 @@ fn relation(id: u32, columns: usize) -> Relation {
                 type_name: "int4".into(),
                 kind: ValueKind::Int4,
                 is_key: i == 0,
+                attnum: 0,
+                not_null: false,
+                missing_value: None,
             })
             .collect(),
         partition_root: None,

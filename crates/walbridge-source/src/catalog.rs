@@ -152,7 +152,7 @@ impl TypeCatalog {
     ) -> Result<Relation, CatalogError> {
         self.load(client, body.columns.iter().map(|c| c.type_oid))
             .await?;
-        let columns: Vec<Column> = body
+        let mut columns: Vec<Column> = body
             .columns
             .into_iter()
             .map(|c| Column {
@@ -162,8 +162,12 @@ impl TypeCatalog {
                 type_oid: c.type_oid,
                 type_modifier: c.type_modifier,
                 is_key: c.is_key,
+                attnum: 0,
+                not_null: false,
+                missing_value: None,
             })
             .collect();
+        attributes(client, body.id, &mut columns).await?;
         Ok(Relation {
             partition_root: partition_root(client, body.id).await?,
             primary_key: primary_key(client, body.id, &columns).await?,
@@ -174,6 +178,38 @@ impl TypeCatalog {
             columns,
         })
     }
+}
+
+/// Fills in what pgoutput does not send about `columns` of `table`: the
+/// attribute number, `NOT NULL`, and the value older rows read in a column
+/// added with a constant default. Looked up by name in the catalog as it
+/// is now, which may be past later DDL: a column gone by then keeps 0,
+/// false and `None`.
+async fn attributes(
+    client: &Client,
+    table: Oid,
+    columns: &mut [Column],
+) -> Result<(), CatalogError> {
+    // attmissingval is an anyarray of one element: its text form read back
+    // as text[] gives the element's own text form.
+    let rows = client
+        .query(
+            "SELECT attname::text, attnum, attnotnull, \
+                    CASE WHEN atthasmissing THEN (attmissingval::text::text[])[1] END \
+             FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped",
+            &[&table],
+        )
+        .await
+        .map_err(query_error(format!("columns of table {table}")))?;
+    for row in rows {
+        let name: String = row.get(0);
+        if let Some(column) = columns.iter_mut().find(|c| c.name == name) {
+            column.attnum = row.get(1);
+            column.not_null = row.get(2);
+            column.missing_value = row.get(3);
+        }
+    }
+    Ok(())
 }
 
 /// Indexes in `columns` of the primary key of `table`, in key order;
@@ -364,7 +400,7 @@ pub async fn describe_table(
         ));
     }
     types.load(client, oids).await?;
-    let columns: Vec<Column> = columns
+    let mut columns: Vec<Column> = columns
         .into_iter()
         .map(|(name, type_oid, type_modifier, in_key)| Column {
             type_name: types.name(type_oid),
@@ -373,8 +409,12 @@ pub async fn describe_table(
             type_oid,
             type_modifier,
             is_key: in_key || replica_identity == ReplicaIdentity::Full,
+            attnum: 0,
+            not_null: false,
+            missing_value: None,
         })
         .collect();
+    attributes(client, table.oid, &mut columns).await?;
     Ok(Relation {
         partition_root: partition_root(client, table.oid).await?,
         primary_key: primary_key(client, table.oid, &columns).await?,

@@ -358,6 +358,10 @@ fn take_u8(buf: &mut Bytes) -> Option<u8> {
     (buf.remaining() >= 1).then(|| buf.get_u8())
 }
 
+fn take_i16(buf: &mut Bytes) -> Option<i16> {
+    (buf.remaining() >= 2).then(|| buf.get_i16())
+}
+
 fn take_u32(buf: &mut Bytes) -> Option<u32> {
     (buf.remaining() >= 4).then(|| buf.get_u32())
 }
@@ -459,6 +463,15 @@ fn encode_relation(r: &Relation, buf: &mut BytesMut) {
         put_bytes(buf, c.type_name.as_bytes());
         encode_kind(&c.kind, buf);
         buf.put_u8(u8::from(c.is_key));
+        buf.put_i16(c.attnum);
+        buf.put_u8(u8::from(c.not_null));
+        match &c.missing_value {
+            Some(value) => {
+                buf.put_u8(1);
+                put_bytes(buf, value.as_bytes());
+            }
+            None => buf.put_u8(0),
+        }
     }
     match &r.partition_root {
         Some(root) => {
@@ -489,6 +502,12 @@ fn decode_relation(buf: &mut Bytes) -> Option<Relation> {
             type_name: take_string(buf)?,
             kind: decode_kind(buf)?,
             is_key: take_u8(buf)? == 1,
+            attnum: take_i16(buf)?,
+            not_null: take_u8(buf)? == 1,
+            missing_value: match take_u8(buf)? {
+                1 => Some(take_string(buf)?),
+                _ => None,
+            },
         });
     }
     let partition_root = match take_u8(buf)? {
@@ -680,6 +699,9 @@ mod tests {
                     delimiter: b',',
                 },
                 is_key: true,
+                attnum: 3,
+                not_null: true,
+                missing_value: Some("it's 5".into()),
             }],
             partition_root: Some(TableName {
                 schema: "s".into(),

@@ -14,6 +14,9 @@ fn relation(id: u32, name: &str) -> Arc<Relation> {
                 type_name: "int4".into(),
                 kind: ValueKind::Int4,
                 is_key: true,
+                attnum: 3,
+                not_null: true,
+                missing_value: Some("it's 5".into()),
             },
             Column {
                 name: "tags".into(),
@@ -25,6 +28,9 @@ fn relation(id: u32, name: &str) -> Arc<Relation> {
                     delimiter: b',',
                 },
                 is_key: false,
+                attnum: 0,
+                not_null: false,
+                missing_value: None,
             },
         ],
         partition_root: Some(walbridge_core::TableName {

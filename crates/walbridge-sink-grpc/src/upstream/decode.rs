@@ -56,6 +56,9 @@ impl Relations {
                         .unwrap_or(ValueKind::Other),
                     type_name,
                     is_key: c.key,
+                    attnum: 0,
+                    not_null: false,
+                    missing_value: None,
                 }
             })
             .collect();

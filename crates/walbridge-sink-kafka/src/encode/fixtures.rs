@@ -15,6 +15,9 @@ pub fn column(name: &str, kind: ValueKind, type_modifier: i32, is_key: bool) -> 
         type_name: String::new(),
         kind,
         is_key,
+        attnum: 0,
+        not_null: false,
+        missing_value: None,
     }
 }
 

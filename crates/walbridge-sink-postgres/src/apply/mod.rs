@@ -30,6 +30,7 @@
 //! native subscriber; `walbridge skip` moves the target's position past it.
 
 mod changes;
+mod ddl;
 mod failure;
 mod snapshot;
 
@@ -48,7 +49,7 @@ use crate::error::{SinkError, StoppedOn};
 use crate::inflight::{Failed, InFlight, Outcome, Reply};
 use crate::mapping::{Mapper, TableMap};
 use crate::progress::ProgressStore;
-use crate::state::SinkState;
+use crate::state::{Published, SinkState};
 use crate::statement::{InsertMode, Shape};
 use crate::target::TargetCatalog;
 use snapshot::{CopyIn, Lanes};
@@ -125,6 +126,8 @@ struct Committed {
     isolated: bool,
     /// Its last source transaction.
     last_txn: Option<Arc<TransactionInfo>>,
+    /// The published columns, when the group changed them.
+    published: Option<Published>,
 }
 
 /// Changes that found nothing to change, since the last COMMIT's result.
@@ -153,6 +156,8 @@ struct Group {
     isolated: bool,
     /// The last source transaction in the group.
     last_txn: Option<Arc<TransactionInfo>>,
+    /// A table's published columns changed in the group.
+    published_changed: bool,
 }
 
 /// Totals since the applier started, for progress logs.
@@ -290,6 +295,8 @@ pub struct Applier {
     totals: Totals,
     counters: Counters,
     last_log: Instant,
+    /// Per table, the published columns last mapped.
+    published: Published,
 }
 
 /// Everything an applier needs, connected.
@@ -318,6 +325,7 @@ impl Applier {
         let isolate = parts.state.stopped_on(&parts.source.name);
         let one_by_one_until = parts.state.one_by_one_until(&parts.source.name);
         let counters = Counters::new(&parts.sink, &parts.source.name);
+        let published = parts.state.published(&parts.source.name);
         Ok(Applier {
             inflight: InFlight::new(parts.config.pipeline_depth),
             sink: parts.sink,
@@ -345,6 +353,7 @@ impl Applier {
             totals: Totals::default(),
             counters,
             last_log: Instant::now(),
+            published,
         })
     }
 
@@ -466,6 +475,10 @@ impl Applier {
     }
 
     async fn map(&mut self, relation: &Arc<Relation>) -> Result<Arc<TableMap>, SinkError> {
+        if let Some(map) = self.mapper.known(relation) {
+            return Ok(map);
+        }
+        self.change_schema(relation).await?;
         self.mapper.map(&mut self.catalog, relation).await
     }
 
@@ -597,6 +610,7 @@ impl Applier {
             started: group.started,
             isolated: group.isolated,
             last_txn: group.last_txn,
+            published: group.published_changed.then(|| self.published.clone()),
         };
         let finish = self.progress.commit_sql(position.lsn, group.commit_time);
         self.send(
@@ -635,6 +649,9 @@ impl Applier {
             "committed"
         );
         self.report(&committed);
+        if let Some(published) = committed.published {
+            self.state.set_published(&self.source.name, published);
+        }
         if self
             .one_by_one_until
             .is_some_and(|until| position.lsn >= until)

@@ -19,6 +19,9 @@ fn relation(id: u32, columns: &[&str]) -> Relation {
                 type_name: "int4".into(),
                 kind: ValueKind::Int4,
                 is_key: *c == "id",
+                attnum: 0,
+                not_null: false,
+                missing_value: None,
             })
             .collect(),
         partition_root: None,

@@ -16,6 +16,9 @@ fn relation() -> Arc<Relation> {
         type_name: type_name.into(),
         kind: ValueKind::Int8,
         is_key,
+        attnum: 0,
+        not_null: false,
+        missing_value: None,
     };
     Arc::new(Relation {
         id: 7,
@@ -279,6 +282,9 @@ fn a_new_tables_rows_before_it_has_a_key_wait_for_the_copy() {
             .iter()
             .map(|c| Column {
                 is_key: false,
+                attnum: 0,
+                not_null: false,
+                missing_value: None,
                 ..c.clone()
             })
             .collect(),
