@@ -120,8 +120,10 @@ fn columns_added_retyped_renamed_and_dropped_on_the_publisher_follow_on_the_targ
         &["pub"],
         "refresh_interval = 1",
         &format!(
-            "[[sink]]\nname = \"replica\"\ntype = \"postgres\"\nconnection = \"{}\"\nschema_changes = \"apply\"\ncreate_tables = true\n",
-            subscriber.superuser()
+            "[[sink]]\nname = \"replica\"\ntype = \"postgres\"\nconnection = \"{}\"\nschema_changes = \"apply\"\ncreate_tables = true\n\n\
+             [[sink]]\nname = \"lines\"\ntype = \"jsonl\"\npath = \"{}\"\n",
+            subscriber.superuser(),
+            wb.output_path().display()
         ),
     );
     let running = wb.start();
@@ -160,6 +162,39 @@ fn columns_added_retyped_renamed_and_dropped_on_the_publisher_follow_on_the_targ
     ] {
         assert!(log.contains(line), "{line}:\n{log}");
     }
+
+    // The jsonl sink wrote one schema line per change, before the table's
+    // first change under it.
+    let lines = wb.lines();
+    let schema_lines: Vec<&serde_json::Value> = lines.iter().filter(|l| l["op"] == "s").collect();
+    let changes: Vec<String> = schema_lines
+        .iter()
+        .map(|l| l["changes"].to_string())
+        .collect();
+    assert_eq!(
+        changes,
+        [
+            r#"[{"change":"add","column":"added","type":"int4"}]"#,
+            r#"[{"change":"add","column":"later","type":"numeric(12,2)"}]"#,
+            r#"[{"change":"type","column":"v","type":"int8","from":"int4"}]"#,
+            r#"[{"change":"type","column":"note","type":"text","from":"varchar(20)"}]"#,
+            r#"[{"change":"rename","column":"remark","from":"note"}]"#,
+            r#"[{"change":"drop","column":"added"}]"#,
+        ]
+    );
+    let first_with = lines
+        .iter()
+        .position(|l| l["op"] == "c" && l["after"].get("remark").is_some())
+        .unwrap_or(usize::MAX);
+    let rename = lines
+        .iter()
+        .position(|l| l["changes"][0]["change"] == "rename")
+        .unwrap_or(usize::MAX);
+    assert!(rename < first_with, "the rename line comes first");
+    assert_eq!(
+        schema_lines[0]["schema"]["columns"][3],
+        serde_json::json!({"name": "added", "type": "int4", "key": false, "not_null": true})
+    );
 
     // A column dropped while walbridge is down: the columns applied before
     // were stored, so the next descriptor still tells the drop.

@@ -18,6 +18,7 @@ pub mod json;
 mod lsn;
 mod relation;
 mod report;
+mod schema;
 mod secret;
 pub mod template;
 pub mod temporal;
@@ -35,6 +36,7 @@ pub use event::{EventBatch, Origin, SnapshotBatch, SourceEvent, TransactionInfo}
 pub use lsn::{Lsn, ParseLsnError};
 pub use relation::{Column, Relation, RelationId, ReplicaIdentity, TableName};
 pub use report::describe;
+pub use schema::{ColumnChange, ColumnShape, carry_attnums, column_changes};
 pub use secret::BearerToken;
 pub use time::PgTimestamp;
 pub use types::{Oid, TypeInfo, TypeKind, ValueKind};

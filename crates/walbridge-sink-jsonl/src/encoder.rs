@@ -7,16 +7,19 @@
 //! ```
 //!
 //! `op`: `r` snapshot read, `c` insert, `u` update, `d` delete, `t`
-//! truncate, `m` logical decoding message. Values follow
-//! [`walbridge_core::json`].
+//! truncate, `m` logical decoding message, `s` a table's columns changed
+//! (before its first change under the new definition:
+//! `"schema":{"columns":[{"name","type","key","not_null"}…]}` and
+//! `"changes":[{"change":"add"|"drop"|"rename"|"type","column",…}]`).
+//! Values follow [`walbridge_core::json`].
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Map, Value, json};
 use walbridge_core::json::datum_to_json;
 use walbridge_core::{
-    Change, LogicalMessage, Lsn, OldRowKind, PgTimestamp, Relation, Row, TransactionInfo,
-    update_new_row,
+    Change, ColumnChange, LogicalMessage, Lsn, OldRowKind, PgTimestamp, Relation, Row,
+    TransactionInfo, update_new_row,
 };
 
 /// Writes change lines for one sink.
@@ -112,6 +115,45 @@ impl Encoder {
             "source": self.source(at, Some(relation), consistent_point, true),
             "before": Value::Null,
             "after": self.row(relation, row, false),
+        });
+        Self::write(out, &line);
+    }
+
+    /// Appends the line saying `relation`'s columns changed (`changes`),
+    /// before its change at `lsn`.
+    pub fn schema_change(
+        &self,
+        out: &mut Vec<u8>,
+        at: &Position<'_>,
+        relation: &Relation,
+        changes: &[ColumnChange<'_>],
+        lsn: Lsn,
+    ) {
+        let columns: Vec<Value> = relation
+            .columns
+            .iter()
+            .map(|c| json!({"name": c.name, "type": c.type_display(), "key": c.is_key, "not_null": c.not_null}))
+            .collect();
+        let changes: Vec<Value> = changes
+            .iter()
+            .map(|change| match change {
+                ColumnChange::Added(c) => {
+                    json!({"change": "add", "column": c.name, "type": c.type_display()})
+                }
+                ColumnChange::Dropped(c) => json!({"change": "drop", "column": c.name}),
+                ColumnChange::Renamed { from, to } => {
+                    json!({"change": "rename", "column": to.name, "from": from.name})
+                }
+                ColumnChange::Retyped { from, to } => json!({
+                    "change": "type", "column": to.name, "type": to.type_display(), "from": from.type_display
+                }),
+            })
+            .collect();
+        let line = json!({
+            "op": "s",
+            "source": self.source(at, Some(relation), lsn, false),
+            "schema": {"columns": columns},
+            "changes": changes,
         });
         Self::write(out, &line);
     }

@@ -25,7 +25,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
-use walbridge_core::{SourceEvent, TransactionInfo};
+use walbridge_core::{
+    Change, ColumnShape, Lsn, Relation, RelationId, SourceEvent, TransactionInfo, carry_attnums,
+    column_changes,
+};
 use walbridge_log::{CursorFile, CursorPosition, CursorState, LogError};
 use walbridge_sink::{LogPosition, Routed, SourceContext};
 
@@ -186,10 +189,49 @@ fn cut_torn_line(file: &File) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Per source: the transaction being written.
+/// Per source: the transaction being written, and each table's
+/// descriptor last written with the shapes of its columns (while this
+/// process runs: after a restart a table's first change is compared with
+/// nothing).
 #[derive(Default)]
 struct SourceCursor {
     transaction: Option<Arc<TransactionInfo>>,
+    tables: HashMap<RelationId, (Arc<Relation>, Vec<ColumnShape>)>,
+}
+
+impl SourceCursor {
+    /// Records `relation` as the one `lsn` is written with; a line first
+    /// when its columns differ from the one written before.
+    fn describe(
+        &mut self,
+        encoder: &Encoder,
+        out: &mut Vec<u8>,
+        at: &Position<'_>,
+        relation: &Arc<Relation>,
+        lsn: Lsn,
+    ) {
+        let shapes = match self.tables.get(&relation.id) {
+            Some((known, _)) if Arc::ptr_eq(known, relation) || **known == **relation => return,
+            Some((_, shapes)) => shapes,
+            None => {
+                self.seen(relation);
+                return;
+            }
+        };
+        let carried = carry_attnums(Some(shapes), relation);
+        let described = carried.as_ref().unwrap_or(relation);
+        let changes = column_changes(shapes, described);
+        if !changes.is_empty() {
+            encoder.schema_change(out, at, described, &changes, lsn);
+        }
+        let shapes = ColumnShape::all_of(described);
+        self.tables.insert(relation.id, (relation.clone(), shapes));
+    }
+
+    fn seen(&mut self, relation: &Arc<Relation>) {
+        let shapes = ColumnShape::all_of(relation);
+        self.tables.insert(relation.id, (relation.clone(), shapes));
+    }
 }
 
 /// What the sink stores next to its positions (`consumer` in the cursor).
@@ -378,6 +420,7 @@ fn write_event(
 ) -> Result<(), JsonlError> {
     match event {
         SourceEvent::Snapshot(batch) => {
+            cursor.seen(&batch.relation);
             let at = Position {
                 source: &source.name,
                 database: &source.database,
@@ -394,11 +437,19 @@ fn write_event(
         SourceEvent::SnapshotComplete { .. } => {}
         SourceEvent::Begin(info) => cursor.transaction = Some(info),
         SourceEvent::Change(change) => {
+            let transaction = cursor.transaction.clone();
             let at = Position {
                 source: &source.name,
                 database: &source.database,
-                transaction: cursor.transaction.as_deref(),
+                transaction: transaction.as_deref(),
             };
+            if let Change::Insert { relation, .. }
+            | Change::Update { relation, .. }
+            | Change::Delete { relation, .. }
+            | Change::Read { relation, .. } = &change
+            {
+                cursor.describe(encoder, out, &at, relation, change.lsn());
+            }
             encoder.change(out, &at, &change);
         }
         SourceEvent::Commit(_) => cursor.transaction = None,

@@ -20,7 +20,7 @@ use crate::target::{TargetCatalog, TargetTable};
 
 /// Object identifiers below this are built into PostgreSQL and equal on
 /// every server; user-defined types get different OIDs on every database.
-const FIRST_NORMAL_OBJECT_ID: Oid = 16384;
+pub(crate) const FIRST_NORMAL_OBJECT_ID: Oid = 16384;
 
 /// The `table` template: target names made of `{source}`, `{schema}`,
 /// `{table}` and literal text. The first `.` outside a placeholder

@@ -23,85 +23,14 @@
 //!   is dropped: a target column the publisher never described may be the
 //!   user's own.
 
-use std::sync::Arc;
-
-use serde::{Deserialize, Serialize};
-use walbridge_core::{Column, Oid, Relation, ReplicaIdentity};
+use walbridge_core::{
+    Column, ColumnChange, ColumnShape, Relation, ReplicaIdentity, column_changes,
+};
 use walbridge_pg::{quote_ident, quote_literal, quote_qualified};
 
 use crate::config::{DroppedColumns, PostgresSinkConfig, SchemaChanges};
+use crate::mapping::FIRST_NORMAL_OBJECT_ID;
 use crate::target::{TargetColumn, TargetTable};
-
-/// Object identifiers below this are built into PostgreSQL and equal on
-/// every server.
-const FIRST_NORMAL_OBJECT_ID: Oid = 16384;
-
-/// A published column as last applied: enough to tell the next
-/// descriptor's drops, renames and type changes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PublishedColumn {
-    /// Its name.
-    pub name: String,
-    /// Its attribute number on the publisher (0: unknown).
-    pub attnum: i16,
-    /// Its type's OID on the publisher.
-    pub type_oid: Oid,
-    /// Its type modifier.
-    pub type_modifier: i32,
-}
-
-impl PublishedColumn {
-    /// The columns `relation` publishes.
-    pub fn all_of(relation: &Relation) -> Vec<PublishedColumn> {
-        relation
-            .columns
-            .iter()
-            .map(|c| PublishedColumn {
-                name: c.name.clone(),
-                attnum: c.attnum,
-                type_oid: c.type_oid,
-                type_modifier: c.type_modifier,
-            })
-            .collect()
-    }
-
-    fn same_type(&self, column: &Column) -> bool {
-        self.type_oid == column.type_oid && self.type_modifier == column.type_modifier
-    }
-}
-
-/// `relation` with the attribute numbers the catalog could not give
-/// (0) taken from the columns applied before under the same name, when
-/// any is missing. The source reads them when a descriptor arrives, and
-/// the walsender, decoding behind the publisher, sends descriptors of
-/// transactions older than DDL already made: a descriptor naming a column
-/// renamed since finds no such name in the catalog.
-pub fn carry_attnums(
-    previous: Option<&[PublishedColumn]>,
-    relation: &Relation,
-) -> Option<Arc<Relation>> {
-    let previous = previous?;
-    let known = |c: &Column| {
-        previous
-            .iter()
-            .find(|p| p.name == c.name && p.attnum != 0)
-            .map(|p| p.attnum)
-    };
-    if !relation
-        .columns
-        .iter()
-        .any(|c| c.attnum == 0 && known(c).is_some())
-    {
-        return None;
-    }
-    let mut carried = relation.clone();
-    for column in &mut carried.columns {
-        if column.attnum == 0 {
-            column.attnum = known(column).unwrap_or(0);
-        }
-    }
-    Some(Arc::new(carried))
-}
 
 /// One statement of a schema change.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -216,7 +145,7 @@ pub fn create_table(
 /// applied before (`None`: first sight of the table).
 pub fn alter_table(
     config: &PostgresSinkConfig,
-    previous: Option<&[PublishedColumn]>,
+    previous: Option<&[ColumnShape]>,
     relation: &Relation,
     target: &TargetTable,
 ) -> Vec<Step> {
@@ -224,76 +153,69 @@ pub fn alter_table(
         return Vec::new();
     }
     let table = target.quoted();
-    let mut steps = Vec::new();
-    let previous = previous.unwrap_or_default();
     let step = |column: &str, action, sql: String| Step {
         column: Some(column.to_owned()),
         action,
         sql: format!("ALTER TABLE {table} {sql}"),
     };
+    let changes = previous.map_or_else(Vec::new, |p| column_changes(p, relation));
+    let mut steps = Vec::new();
     // What the target's columns are named once the renames below are made.
     let mut names: Vec<String> = target.columns.iter().map(|c| c.name.clone()).collect();
-    let mut renamed_from = Vec::new();
-    for column in &relation.columns {
-        let before = previous
-            .iter()
-            .find(|p| column.attnum != 0 && p.attnum == column.attnum);
-        if let Some(before) = before
-            && before.name != column.name
-            && names.contains(&before.name)
-            && !names.contains(&column.name)
+    for change in &changes {
+        if let ColumnChange::Renamed { from, to } = change
+            && names.contains(&from.name)
+            && !names.contains(&to.name)
         {
             steps.push(step(
-                &column.name,
+                &to.name,
                 "rename column",
                 format!(
                     "RENAME COLUMN {} TO {}",
-                    quote_ident(&before.name),
-                    quote_ident(&column.name)
+                    quote_ident(&from.name),
+                    quote_ident(&to.name)
                 ),
             ));
-            for n in names.iter_mut().filter(|n| **n == before.name) {
-                n.clone_from(&column.name);
+            for n in names.iter_mut().filter(|n| **n == from.name) {
+                n.clone_from(&to.name);
             }
-            renamed_from.push(before.name.clone());
         }
     }
-    for column in &relation.columns {
+    for column in relation.columns.iter().filter(|c| !names.contains(&c.name)) {
         let quoted = quote_ident(&column.name);
         let type_sql = sql_type(column);
-        if !names.contains(&column.name) {
-            let mut sql = format!("ADD COLUMN IF NOT EXISTS {quoted} {type_sql}");
-            if let Some(value) = &column.missing_value {
-                sql.push_str(&format!(" DEFAULT {}::{type_sql}", quote_literal(value)));
-                if column.not_null {
-                    sql.push_str(" NOT NULL");
-                }
+        let mut sql = format!("ADD COLUMN IF NOT EXISTS {quoted} {type_sql}");
+        if let Some(value) = &column.missing_value {
+            sql.push_str(&format!(" DEFAULT {}::{type_sql}", quote_literal(value)));
+            if column.not_null {
+                sql.push_str(" NOT NULL");
             }
-            steps.push(step(&column.name, "add column", sql));
-            if column.missing_value.is_some() {
-                // The default filled the rows already there; later rows
-                // bring their own values, as on the publisher.
-                steps.push(step(
-                    &column.name,
-                    "add column",
-                    format!("ALTER COLUMN {quoted} DROP DEFAULT"),
-                ));
-            }
-            continue;
         }
-        let changed_on_publisher = previous
-            .iter()
-            .find(|p| p.name == column.name || (column.attnum != 0 && p.attnum == column.attnum))
-            .is_some_and(|p| !p.same_type(column));
-        let target_column = target
-            .columns
-            .iter()
-            .zip(&names)
-            .find(|(_, n)| **n == column.name)
-            .map(|(c, _)| c);
-        if changed_on_publisher && target_column.is_some_and(|t| !has_type(t, column)) {
+        steps.push(step(&column.name, "add column", sql));
+        if column.missing_value.is_some() {
+            // The default filled the rows already there; later rows
+            // bring their own values, as on the publisher.
             steps.push(step(
                 &column.name,
+                "add column",
+                format!("ALTER COLUMN {quoted} DROP DEFAULT"),
+            ));
+        }
+    }
+    for change in &changes {
+        // Only when the publisher changed it, and the target is not there yet.
+        if let ColumnChange::Retyped { to, .. } = change
+            && let Some((target_column, _)) = target
+                .columns
+                .iter()
+                .zip(&names)
+                .find(|(_, n)| **n == to.name)
+            && !has_type(target_column, to)
+        {
+            let quoted = quote_ident(&to.name);
+            let type_sql = sql_type(to);
+            steps.push(step(
+                &to.name,
                 "change column type",
                 format!("ALTER COLUMN {quoted} TYPE {type_sql} USING {quoted}::{type_sql}"),
             ));
@@ -304,14 +226,11 @@ pub fn alter_table(
     } else {
         Vec::new()
     };
-    for gone in previous {
-        let still_published = relation
-            .columns
-            .iter()
-            .any(|c| c.name == gone.name || (gone.attnum != 0 && c.attnum == gone.attnum));
-        if still_published
-            || renamed_from.contains(&gone.name)
-            || !names.contains(&gone.name)
+    for change in &changes {
+        let ColumnChange::Dropped(gone) = change else {
+            continue;
+        };
+        if !names.contains(&gone.name)
             || config.source_column.as_deref() == Some(gone.name.as_str())
         {
             continue;

@@ -36,7 +36,7 @@ pub struct ResumeData {
 }
 
 /// A source's published columns per table OID.
-pub type Published = BTreeMap<u32, Vec<crate::schema::PublishedColumn>>;
+pub type Published = BTreeMap<u32, Vec<walbridge_core::ColumnShape>>;
 
 struct Inner {
     file: CursorFile,

@@ -12,7 +12,9 @@ use super::Applier;
 use super::failure::transient;
 use crate::config::SchemaChanges;
 use crate::error::{SchemaChangeFailed, SinkError};
-use crate::schema::{self, PublishedColumn, Step};
+use walbridge_core::ColumnShape;
+
+use crate::schema::{self, Step};
 
 impl Applier {
     /// Runs the statements `relation`'s descriptor needs on the target:
@@ -28,7 +30,7 @@ impl Applier {
         }
         let target = self.mapper.target_of(&mut self.catalog, relation).await?;
         let previous = self.published.get(&relation.id).map(Vec::as_slice);
-        let carried = schema::carry_attnums(previous, relation);
+        let carried = walbridge_core::carry_attnums(previous, relation);
         let relation = carried.as_ref().unwrap_or(relation);
         let steps = match &target.table {
             Some(table) => schema::alter_table(&self.config, previous, relation, table),
@@ -41,7 +43,7 @@ impl Applier {
             // The mapping says what is missing.
             None => Vec::new(),
         };
-        let columns = PublishedColumn::all_of(relation);
+        let columns = ColumnShape::all_of(relation);
         if self.published.get(&relation.id) != Some(&columns) {
             self.published.insert(relation.id, columns);
             self.group.published_changed = true;

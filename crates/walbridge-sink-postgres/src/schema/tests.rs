@@ -1,5 +1,5 @@
 use super::*;
-use walbridge_core::ValueKind;
+use walbridge_core::{Oid, ValueKind};
 
 fn config(extra: &str) -> PostgresSinkConfig {
     let text =
@@ -83,7 +83,7 @@ fn a_column_added_with_a_constant_default_gives_older_rows_its_value() {
 
 #[test]
 fn a_column_keeping_its_number_under_another_name_is_renamed_not_dropped() {
-    let before = PublishedColumn::all_of(&relation(vec![
+    let before = ColumnShape::all_of(&relation(vec![
         column("id", 1, "int8", 20, -1),
         column("old", 2, "text", 25, -1),
     ]));
@@ -102,9 +102,10 @@ fn a_column_keeping_its_number_under_another_name_is_renamed_not_dropped() {
         column("id", 1, "int8", 20, -1),
         column("old", 0, "text", 25, -1),
     ]);
-    let carried = carry_attnums(Some(&before), &late).unwrap_or_else(|| panic!("carried"));
-    assert_eq!(PublishedColumn::all_of(&carried), before);
-    assert!(carry_attnums(Some(&before), &r).is_none());
+    let carried =
+        walbridge_core::carry_attnums(Some(&before), &late).unwrap_or_else(|| panic!("carried"));
+    assert_eq!(ColumnShape::all_of(&carried), before);
+    assert!(walbridge_core::carry_attnums(Some(&before), &r).is_none());
     // Applied already (the stored columns lag the target): nothing to do.
     let renamed = target(&[("id", 20, -1), ("new", 25, -1)]);
     assert!(alter_table(&config(""), Some(&before), &r, &renamed).is_empty());
@@ -112,7 +113,7 @@ fn a_column_keeping_its_number_under_another_name_is_renamed_not_dropped() {
 
 #[test]
 fn a_dropped_column_is_dropped_or_kept_and_never_guessed_on_first_sight() {
-    let before = PublishedColumn::all_of(&relation(vec![
+    let before = ColumnShape::all_of(&relation(vec![
         column("id", 1, "int8", 20, -1),
         column("gone", 2, "text", 25, -1),
     ]));
@@ -141,7 +142,7 @@ fn a_dropped_column_is_dropped_or_kept_and_never_guessed_on_first_sight() {
 
 #[test]
 fn a_type_changes_only_when_the_publisher_changed_it_and_the_target_differs() {
-    let before = PublishedColumn::all_of(&relation(vec![
+    let before = ColumnShape::all_of(&relation(vec![
         column("id", 1, "int8", 20, -1),
         column("n", 2, "int4", 23, -1),
     ]));
@@ -161,7 +162,7 @@ fn a_type_changes_only_when_the_publisher_changed_it_and_the_target_differs() {
         ]
     );
     // The target chose its own type and the publisher did not change: left alone.
-    let same = PublishedColumn::all_of(&r);
+    let same = ColumnShape::all_of(&r);
     assert!(
         alter_table(
             &config(""),
