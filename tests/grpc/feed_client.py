@@ -289,6 +289,8 @@ def session(args, pb, stubs, state, write):
                     unit = bool(token)
                 elif kind in ("commit", "copy_complete"):
                     token, unit = message.resume_token, True
+                elif kind == "sequences":
+                    token, unit = message.resume_token, True
                 elif kind == "message":
                     token, unit = message.resume_token, True
                     line["decoded"] = {"prefix": message.prefix,

@@ -67,10 +67,10 @@ def proto_plain(message):
     return result
 
 
-def protoc_message_class(registry, subject, message_name, version):
-    """The class of `message_name` in version `version` (None: the
-    latest) of `subject`, compiled from its text by protoc, as a
-    consumer's build would."""
+def protoc_message_class(registry, subject, message_names, version):
+    """The class of the first of `message_names` in version `version`
+    (None: the latest) of `subject`, compiled from its text by protoc, as
+    a consumer's build would."""
     import os
     import subprocess
     import tempfile
@@ -105,7 +105,14 @@ def protoc_message_class(registry, subject, message_name, version):
     for file in files.file:
         pool.Add(file)
     package = next(f.package for f in files.file if f.name == "schema.proto")
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.{message_name}"))
+    # Table topics hold Key and Envelope; message and sequence topics
+    # their own pair (MessageKey/MessageValue, SequenceKey/SequenceValue).
+    for name in message_names:
+        try:
+            return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.{name}"))
+        except KeyError:
+            continue
+    raise KeyError(f"none of {message_names} in {subject}")
 
 
 def decoder(fmt, registry, field, schema_version):
@@ -131,7 +138,8 @@ def decoder(fmt, registry, field, schema_version):
                 message_class = protoc_message_class(
                     registry,
                     f"{topic}-{'key' if is_key else 'value'}",
-                    "Key" if is_key else "Envelope",
+                    ["Key", "MessageKey", "SequenceKey"] if is_key
+                    else ["Envelope", "MessageValue", "SequenceValue"],
                     schema_version,
                 )
                 protobuf[topic] = ProtobufDeserializer(message_class, {}, schema_registry_client=client)

@@ -1154,3 +1154,43 @@ fn a_table_created_under_for_all_tables_arrives_as_reads_then_changes() {
         .collect();
     assert_eq!(ids, (1..=300).collect::<Vec<_>>());
 }
+
+#[test]
+fn sequences_arrive_as_sequence_events_between_transactions() {
+    let f = Fixture::start(
+        "CREATE TABLE a (id serial PRIMARY KEY, v int); CREATE SEQUENCE other",
+        "refresh_interval = 1\nsequences = true",
+        "",
+    );
+    f.pg.psql("INSERT INTO a (v) SELECT g FROM generate_series(1, 5) g; SELECT nextval('other')");
+    let deadline = std::time::Instant::now() + WAIT;
+    let sequences = loop {
+        let lines = read_all(&f.client, &json!({"start": earliest()}));
+        let found: Vec<Value> = events(&lines, "sequences")
+            .into_iter()
+            .map(|e| e["message"].clone())
+            .collect();
+        if found
+            .iter()
+            .any(|s| s["sequences"].as_array().is_some_and(|q| q.len() == 2))
+        {
+            break found;
+        }
+        assert!(std::time::Instant::now() < deadline, "{lines:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let last = sequences
+        .iter()
+        .rfind(|s| s["sequences"].as_array().is_some_and(|q| q.len() == 2))
+        .unwrap_or_else(|| panic!("{sequences:?}"));
+    // FOR ALL TABLES: every sequence, by schema and name; int64 is a JSON string.
+    assert_eq!(
+        last["sequences"],
+        json!([
+            {"schema": "public", "name": "a_id_seq", "last_value": "5"},
+            {"schema": "public", "name": "other", "last_value": "1"},
+        ])
+    );
+    assert_eq!(last["id"]["source"], "src");
+    assert!(!last["resume_token"].as_str().unwrap_or_default().is_empty());
+}

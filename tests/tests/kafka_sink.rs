@@ -233,13 +233,18 @@ fn change_events_keys_tombstones_and_headers() {
 fn connect_schemas_transaction_metadata_and_messages() {
     let p = Pipeline::new(
         "CREATE TABLE a (id int PRIMARY KEY, v text, t timestamptz, j json, tags text[]);
-         CREATE TABLE b (id bigint PRIMARY KEY, n numeric);
+         CREATE TABLE b (id bigint PRIMARY KEY, n numeric, c serial);
          INSERT INTO b VALUES (0, 0);
          CREATE PUBLICATION pub FOR TABLE a, b;",
     );
-    p.configure(
-        "json_schemas = true\ntransaction_topic = \"cdc.transactions\"\nmessage_topic = \"cdc.messages\"\ntombstones = false\ntopic = \"cdc.{table}\"\n",
-        "",
+    p.wb.configure_sinks(
+        &p.publisher.superuser(),
+        &["pub"],
+        "sequences = true\nrefresh_interval = 1",
+        &format!(
+            "[[sink]]\nname = \"events\"\ntype = \"kafka\"\nbrokers = \"{}\"\njson_schemas = true\ntransaction_topic = \"cdc.transactions\"\nmessage_topic = \"cdc.messages\"\nsequence_topic = \"cdc.sequences\"\ntombstones = false\ntopic = \"cdc.{{table}}\"\n",
+            p.broker.bootstrap()
+        ),
     );
     let _running = p.wb.start();
     // Streaming has started once the initial copy is out.
@@ -351,6 +356,33 @@ fn connect_schemas_transaction_metadata_and_messages() {
     assert_eq!(
         message.value["payload"]["source"]["txId"],
         payload["source"]["txId"]
+    );
+
+    // Sequences: an event per sequence that moved, keyed by its name; the
+    // last one has b's serial at 3.
+    let mut expect = 1;
+    let sequence = loop {
+        let read = p.read(&["cdc.sequences"], expect);
+        let last = read.last().map(|m| (m.key.clone(), m.value.clone()));
+        match last {
+            Some((key, value)) if value["payload"]["sequence"]["last_value"] == 3 => {
+                break (key, value);
+            }
+            _ => {
+                assert!(read.len() < 10, "no event with b_c_seq at 3: {read:#?}");
+                expect = read.len() + 1;
+            }
+        }
+    };
+    assert_eq!(
+        sequence.0["payload"],
+        json!({"schema": "public", "name": "b_c_seq"})
+    );
+    assert_eq!(sequence.1["payload"]["op"], "q");
+    assert_eq!(sequence.1["schema"]["name"], "cdc.sequences.SequenceValue");
+    assert_eq!(
+        sequence.1["payload"]["sequence"],
+        json!({"schema": "public", "name": "b_c_seq", "last_value": 3})
     );
 }
 
@@ -516,19 +548,36 @@ const KINDS_DDL: &str = "CREATE TYPE mood AS ENUM ('sad', 'happy');
 
 /// A pipeline whose kafka sink writes `format` with the embedded registry
 /// it serves, started; the registry's URL.
+/// Sequences go to `src.sequences` (`kinds_seq`, owned by the table, at 7).
 fn with_embedded_registry(format: &str, rows: &str) -> (Pipeline, String) {
-    let p = Pipeline::new(&format!("{KINDS_DDL}\n{rows}"));
+    let p = Pipeline::new(&format!(
+        "{KINDS_DDL}\nCREATE SEQUENCE kinds_seq OWNED BY kinds.id; SELECT setval('kinds_seq', 7);\n{rows}"
+    ));
     let registry_port = walbridge_tests::free_port();
     p.wb.configure_sinks(
         &p.publisher.superuser(),
         &["pub"],
-        "",
+        "sequences = true\nrefresh_interval = 1",
         &format!(
-            "[schema_registry]\nlisten = \"127.0.0.1:{registry_port}\"\n\n[[sink]]\nname = \"events\"\ntype = \"kafka\"\nbrokers = \"{}\"\nformat = \"{format}\"\n",
+            "[schema_registry]\nlisten = \"127.0.0.1:{registry_port}\"\n\n[[sink]]\nname = \"events\"\ntype = \"kafka\"\nbrokers = \"{}\"\nformat = \"{format}\"\nsequence_topic = \"src.sequences\"\n",
             p.broker.bootstrap()
         ),
     );
     (p, format!("http://127.0.0.1:{registry_port}"))
+}
+
+/// The sequence event `with_embedded_registry`'s pipeline sends, read
+/// with `format`'s deserializers.
+fn assert_sequence_event(p: &Pipeline, registry: &str, format: &str) {
+    let read = read_registered(p, registry, format, "src.sequences", 1, None);
+    let event = &read.messages[0];
+    assert_eq!(event.key, json!({"schema": "public", "name": "kinds_seq"}));
+    assert_eq!(event.value["op"], "q");
+    assert_eq!(
+        event.value["sequence"],
+        json!({"schema": "public", "name": "kinds_seq", "last_value": 7})
+    );
+    assert_eq!(event.value["source"]["name"], "src");
 }
 
 /// Reads `topic` with `format`'s deserializers and the registry (Protobuf:
@@ -575,6 +624,7 @@ fn avro_events_through_the_embedded_registry() {
     let topic = "src.public.kinds";
     let read = |expect: usize| read_registered(&p, &registry, "avro", topic, expect, None);
     let first = read(1);
+    assert_sequence_event(&p, &registry, "avro");
     let snapshot = &first.messages[0];
     assert_eq!(snapshot.key, json!({"id": 1}));
     assert_eq!(snapshot.value["op"], "r");
@@ -657,6 +707,7 @@ fn protobuf_events_through_the_embedded_registry() {
     let topic = "src.public.kinds";
     let read = |expect: usize| read_registered(&p, &registry, "protobuf", topic, expect, None);
     let first = read(2);
+    assert_sequence_event(&p, &registry, "protobuf");
     let keys = by_key(&first.messages);
     let full = &keys[&json!({"id": 1}).to_string()][0];
     assert_eq!(full.value["op"], "r");

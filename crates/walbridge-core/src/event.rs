@@ -47,6 +47,34 @@ pub struct SnapshotBatch {
     pub consistent_point: Lsn,
 }
 
+/// A sequence's state on the publisher.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SequenceValue {
+    /// Its schema.
+    pub schema: String,
+    /// Its name.
+    pub name: String,
+    /// The last value it handed out (as `pg_sequences.last_value`): a
+    /// value any row written so far can hold, counting values sessions
+    /// hold in their caches. Sequences never used are left out.
+    pub last_value: i64,
+}
+
+/// The sequences a source replicates, read on the publisher
+/// (`sequences = true`). Sequences change without a trace in logical
+/// decoding, so they are read now and then and handed on between
+/// transactions; what consumers do with them must not go backwards.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SequenceValues {
+    /// The stream's position they are handed on at: the end of the last
+    /// transaction before them (a sequence read is ahead of that).
+    pub lsn: Lsn,
+    /// When they were read, on the publisher's clock.
+    pub read_time: PgTimestamp,
+    /// The sequences, ordered by schema and name.
+    pub sequences: Vec<SequenceValue>,
+}
+
 /// Events handed downstream together, in order: a transaction (or a chunk
 /// of a large one), a snapshot batch, a message. Batching keeps the cost of
 /// moving events between tasks per transaction rather than per change.
@@ -77,4 +105,6 @@ pub enum SourceEvent {
     Commit(Arc<TransactionInfo>),
     /// A logical decoding message emitted outside any transaction.
     Message(LogicalMessage),
+    /// Sequences' values, between transactions.
+    Sequences(SequenceValues),
 }

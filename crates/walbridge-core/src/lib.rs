@@ -32,7 +32,9 @@ pub use change::{
     TruncateOptions, update_new_row,
 };
 pub use copy_text::{CopyText, CopyTextError};
-pub use event::{EventBatch, Origin, SnapshotBatch, SourceEvent, TransactionInfo};
+pub use event::{
+    EventBatch, Origin, SequenceValue, SequenceValues, SnapshotBatch, SourceEvent, TransactionInfo,
+};
 pub use lsn::{Lsn, ParseLsnError};
 pub use relation::{Column, Relation, RelationId, ReplicaIdentity, TableName};
 pub use report::describe;

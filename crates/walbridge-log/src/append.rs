@@ -106,6 +106,10 @@ impl Appender {
                     .append(payload, Self::message_lsn(m.lsn), true)
                     .await?;
             }
+            SourceEvent::Sequences(values) => {
+                let payload = self.encoder.sequences(&values);
+                self.writer.append(payload, values.lsn, true).await?;
+            }
         }
         Ok(())
     }

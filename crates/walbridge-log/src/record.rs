@@ -8,8 +8,8 @@ use bytes::Bytes;
 use prost::Message as _;
 use walbridge_core::{
     Change, Column, CopyText, Datum, EventBatch, KeyOrder, LogicalMessage, Lsn, OldRow, OldRowKind,
-    Origin, PgTimestamp, ReadRange, Relation, ReplicaIdentity, Row, SnapshotBatch, SourceEvent,
-    TableName, TransactionInfo, Truncate, TruncateOptions, ValueKind,
+    Origin, PgTimestamp, ReadRange, Relation, ReplicaIdentity, Row, SequenceValue, SequenceValues,
+    SnapshotBatch, SourceEvent, TableName, TransactionInfo, Truncate, TruncateOptions, ValueKind,
 };
 
 use crate::pb;
@@ -40,6 +40,8 @@ pub enum Entry {
     },
     /// A non-transactional logical decoding message.
     Message(LogicalMessage),
+    /// Sequences' values, between transactions.
+    Sequences(SequenceValues),
 }
 
 impl Entry {
@@ -67,6 +69,7 @@ impl Entry {
                 vec![SourceEvent::SnapshotComplete { consistent_point }]
             }
             Entry::Message(m) => vec![SourceEvent::Message(m)],
+            Entry::Sequences(s) => vec![SourceEvent::Sequences(s)],
         }
     }
 }
@@ -102,7 +105,7 @@ struct RecordView {
     format: u32,
     #[prost(bytes = "bytes", repeated, tag = "2")]
     relations: Vec<Bytes>,
-    #[prost(oneof = "pb::record::Body", tags = "3, 4, 5, 6")]
+    #[prost(oneof = "pb::record::Body", tags = "3, 4, 5, 6, 7")]
     body: Option<pb::record::Body>,
 }
 
@@ -215,6 +218,26 @@ impl RecordEncoder {
         finish(
             Vec::new(),
             pb::record::Body::Message(message_to_pb(message)),
+        )
+    }
+
+    /// The record of sequences' values.
+    pub fn sequences(&mut self, values: &SequenceValues) -> Vec<u8> {
+        finish(
+            Vec::new(),
+            pb::record::Body::Sequences(pb::Sequences {
+                lsn: values.lsn.0,
+                read_time: values.read_time.0,
+                sequences: values
+                    .sequences
+                    .iter()
+                    .map(|s| pb::Sequence {
+                        schema: s.schema.clone(),
+                        name: s.name.clone(),
+                        last_value: s.last_value,
+                    })
+                    .collect(),
+            }),
         )
     }
 }
@@ -494,6 +517,19 @@ fn decode_body(
             consistent_point: Lsn(s.consistent_point),
         },
         Some(pb::record::Body::Message(m)) => Entry::Message(message_from_pb(m)),
+        Some(pb::record::Body::Sequences(s)) => Entry::Sequences(SequenceValues {
+            lsn: Lsn(s.lsn),
+            read_time: PgTimestamp(s.read_time),
+            sequences: s
+                .sequences
+                .into_iter()
+                .map(|q| SequenceValue {
+                    schema: q.schema,
+                    name: q.name,
+                    last_value: q.last_value,
+                })
+                .collect(),
+        }),
     })
 }
 

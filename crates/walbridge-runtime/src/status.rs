@@ -421,7 +421,10 @@ impl ObservedInput {
         for _ in 0..LOOK_AHEAD {
             match reader.try_next().ok()??.entry {
                 Entry::Transaction { info, .. } => return Some(info.commit_time),
-                Entry::Snapshot(_) | Entry::SnapshotComplete { .. } | Entry::Message(_) => {}
+                Entry::Snapshot(_)
+                | Entry::SnapshotComplete { .. }
+                | Entry::Message(_)
+                | Entry::Sequences(_) => {}
             }
         }
         None

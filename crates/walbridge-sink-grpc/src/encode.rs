@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use walbridge_core::{
-    Change, Datum, LogicalMessage, Lsn, OldRow, Relation, ReplicaIdentity, Row, TransactionInfo,
-    update_new_row,
+    Change, Datum, LogicalMessage, Lsn, OldRow, Relation, ReplicaIdentity, Row, SequenceValues,
+    TransactionInfo, update_new_row,
 };
 
 use crate::filter::Filter;
@@ -359,6 +359,28 @@ impl Encoder {
             .message(&m.prefix)
             .then(|| response(Event::Message(message(source, m, 0, Some(token)))))
     }
+}
+
+/// The event carrying sequences' values.
+pub(crate) fn sequences(
+    source: &str,
+    values: &SequenceValues,
+    token: bytes::Bytes,
+) -> pb::SubscribeResponse {
+    response(Event::Sequences(pb::Sequences {
+        id: Some(event_id(source, values.lsn, 0)),
+        read_time: Some(timestamp(values.read_time.unix_micros())),
+        sequences: values
+            .sequences
+            .iter()
+            .map(|s| pb::Sequence {
+                schema: s.schema.clone(),
+                name: s.name.clone(),
+                last_value: s.last_value,
+            })
+            .collect(),
+        resume_token: token,
+    }))
 }
 
 fn message(

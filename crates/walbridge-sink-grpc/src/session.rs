@@ -623,6 +623,13 @@ impl Session {
                 }
                 count(self, &mut out)?;
             }
+            Entry::Sequences(values) => {
+                self.advance(i, seq + 1, lsn, 0);
+                if self.membership.as_ref().is_none_or(|m| m.takes(i, seq, 0)) {
+                    out.push(crate::encode::sequences(&name, &values, self.token()));
+                }
+                count(self, &mut out)?;
+            }
         }
         if sent.0 > 0 || sent.1 > 0 {
             self.flow.sent(Sent {

@@ -7,7 +7,8 @@
 //! ```
 //!
 //! `op`: `r` snapshot read, `c` insert, `u` update, `d` delete, `t`
-//! truncate, `m` logical decoding message, `s` a table's columns changed
+//! truncate, `m` logical decoding message, `q` a sequence's value
+//! (`"sequence":{"schema","name","last_value"}`), `s` a table's columns changed
 //! (before its first change under the new definition:
 //! `"schema":{"columns":[{"name","type","key","not_null"}…]}` and
 //! `"changes":[{"change":"add"|"drop"|"rename"|"type","column",…}]`).
@@ -19,7 +20,7 @@ use serde_json::{Map, Value, json};
 use walbridge_core::json::datum_to_json;
 use walbridge_core::{
     Change, ColumnChange, LogicalMessage, Lsn, OldRowKind, PgTimestamp, Relation, Row,
-    TransactionInfo, update_new_row,
+    SequenceValues, TransactionInfo, update_new_row,
 };
 
 /// Writes change lines for one sink.
@@ -156,6 +157,20 @@ impl Encoder {
             "changes": changes,
         });
         Self::write(out, &line);
+    }
+
+    /// Appends a line per sequence.
+    pub fn sequences(&self, out: &mut Vec<u8>, at: &Position<'_>, values: &SequenceValues) {
+        for sequence in &values.sequences {
+            let mut source = self.source(at, None, values.lsn, false);
+            source["ts_us"] = json!(values.read_time.unix_micros());
+            let line = json!({
+                "op": "q",
+                "source": source,
+                "sequence": {"schema": sequence.schema, "name": sequence.name, "last_value": sequence.last_value},
+            });
+            Self::write(out, &line);
+        }
     }
 
     /// Appends the line for a logical decoding message.

@@ -461,6 +461,14 @@ fn write_event(
             };
             encoder.message(out, &at, &m);
         }
+        SourceEvent::Sequences(values) => {
+            let at = Position {
+                source: &source.name,
+                database: &source.database,
+                transaction: None,
+            };
+            encoder.sequences(out, &at, &values);
+        }
     }
     Ok(())
 }

@@ -154,6 +154,7 @@ fn topics(
     }
     let own = [
         config.message_topic.clone(),
+        config.sequence_topic.clone(),
         config.transaction_topic.clone(),
         config.exactly_once.then(|| config.positions_topic.clone()),
     ];

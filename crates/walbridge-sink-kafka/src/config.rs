@@ -188,6 +188,11 @@ pub struct KafkaSinkConfig {
     /// without it they are not sent.
     #[serde(default)]
     pub message_topic: Option<String>,
+    /// Topic for sequences' values (sources with `sequences = true`): an
+    /// `op = "q"` event per sequence that moved, keyed by its schema and
+    /// name; without it they are not sent.
+    #[serde(default)]
+    pub sequence_topic: Option<String>,
     /// Topic for transaction metadata: a BEGIN and an END record per
     /// source transaction (END with per-table event counts); with it, each
     /// change event also carries a `transaction` block. Without it neither
@@ -312,6 +317,7 @@ impl KafkaSinkConfig {
         }
         for (key, topic) in [
             ("message_topic", &self.message_topic),
+            ("sequence_topic", &self.sequence_topic),
             ("transaction_topic", &self.transaction_topic),
         ] {
             if let Some(topic) = topic

@@ -9,7 +9,8 @@
 //!   the right row under each key;
 //! * a truncate is an event with a null key on each truncated table's
 //!   topic (unless `truncate_events = false`);
-//! * logical decoding messages go to `message_topic` when there is one;
+//! * logical decoding messages go to `message_topic` when there is one,
+//!   sequences' values to `sequence_topic`;
 //! * with `transaction_topic`, a BEGIN and an END record frame every
 //!   source transaction and each event carries its place in it.
 
@@ -19,7 +20,7 @@ use std::sync::Arc;
 
 use walbridge_core::{
     Change, Datum, LogicalMessage, Lsn, OldRow, OldRowKind, PgTimestamp, Relation, ReplicaIdentity,
-    Row, SnapshotBatch, TransactionInfo, update_new_row,
+    Row, SequenceValues, SnapshotBatch, TransactionInfo, update_new_row,
 };
 
 use crate::config::KafkaSinkConfig;
@@ -182,6 +183,7 @@ pub struct Emitter {
     tombstones: bool,
     truncate_events: bool,
     message_topic: Option<String>,
+    sequence_topic: Option<String>,
     transaction_topic: Option<String>,
     sources: HashMap<String, SourceState>,
 }
@@ -205,6 +207,7 @@ impl Emitter {
             tombstones: config.tombstones,
             truncate_events: config.truncate_events,
             message_topic: config.message_topic.clone(),
+            sequence_topic: config.sequence_topic.clone(),
             transaction_topic: config.transaction_topic.clone(),
             sources: HashMap::new(),
         })
@@ -412,6 +415,31 @@ impl Emitter {
             lsn: message.lsn,
             xid: transaction.map(|t| t.xid),
         });
+        Ok(())
+    }
+
+    /// An event per sequence to `sequence_topic`, when there is one.
+    pub async fn sequences(
+        &mut self,
+        from: SourceRef<'_>,
+        values: &SequenceValues,
+        out: &mut Vec<Outgoing>,
+    ) -> Result<(), SinkError> {
+        let Some(topic) = self.sequence_topic.clone() else {
+            return Ok(());
+        };
+        let mut source = self.source_block(from, None, values.lsn, None);
+        source.ts_us = values.read_time.unix_micros();
+        for sequence in &values.sequences {
+            out.push(Outgoing {
+                table: "-".into(),
+                key: Some(self.encoder.sequence_key(&topic, sequence).await?),
+                value: Some(self.encoder.sequence(&topic, &source, sequence).await?),
+                topic: topic.clone(),
+                lsn: values.lsn,
+                xid: None,
+            });
+        }
         Ok(())
     }
 

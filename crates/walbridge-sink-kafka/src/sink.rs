@@ -368,6 +368,11 @@ impl Run {
                         .message(from, &message, &mut self.outgoing)
                         .await?
                 }
+                SourceEvent::Sequences(values) => {
+                    self.emitter
+                        .sequences(from, &values, &mut self.outgoing)
+                        .await?
+                }
             }
             let outgoing = std::mem::take(&mut self.outgoing);
             for message in &outgoing {

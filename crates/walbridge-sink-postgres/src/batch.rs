@@ -133,8 +133,9 @@ pub fn batch_sql(map: &TableMap, kind: &BatchKind) -> String {
                 values.push(source.clone());
             }
             format!(
-                "INSERT INTO {table} ({}) SELECT {} FROM {from}{}",
+                "INSERT INTO {table} ({}){} SELECT {} FROM {from}{}",
                 names.join(", "),
+                map.target.overriding(),
                 values.join(", "),
                 conflict_clause(map, *mode)
             )

@@ -4,12 +4,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
-use walbridge_core::Lsn;
+use walbridge_core::{Lsn, SequenceValues};
 use walbridge_sink::{
-    BoxFuture, CheckScope, ConfigContext, CursorPosition, Forgotten, Health, Routed, Sink,
-    SinkConfig, SinkFailure, SinkKind, SinkRun, SourceLog, Visibility,
+    BoxFuture, CheckScope, ConfigContext, CursorPosition, Forgotten, Health, Routed,
+    SequencesSynced, Sink, SinkConfig, SinkFailure, SinkKind, SinkRun, SourceLog, Visibility,
 };
 
+use crate::sequences::SequenceOutcome;
 use crate::{PostgresSink, PostgresSinkConfig, PostgresSinkHandle, SinkError};
 
 /// `type = "postgres"`.
@@ -109,6 +110,44 @@ impl SinkConfig for PostgresSinkConfig {
                 },
             }
         })
+    }
+
+    fn sync_sequences<'a>(
+        &'a self,
+        source: &'a str,
+        values: &'a SequenceValues,
+    ) -> Option<BoxFuture<'a, Result<SequencesSynced, SinkFailure>>> {
+        Some(Box::pin(async move {
+            let params = crate::connect::params(self).map_err(failure)?;
+            let client = crate::connect::connect(self, &params)
+                .await
+                .map_err(failure)?;
+            let template = crate::mapping::NameTemplate::parse(&self.table)
+                .map_err(|e| failure(SinkError::Mapping(e)))?;
+            let results = crate::sequences::set_sequences(&client, &template, source, values).await;
+            let mut complete = true;
+            let lines = results
+                .into_iter()
+                .map(|r| {
+                    let (target, value) = (r.target, r.value);
+                    match r.outcome {
+                        SequenceOutcome::Set => format!("{target}: set to {value}"),
+                        SequenceOutcome::Ahead => {
+                            format!("{target}: already at or past {value}, left as it is")
+                        }
+                        SequenceOutcome::Missing => {
+                            complete = false;
+                            format!("{target}: no such sequence on the target (create it, then run this again)")
+                        }
+                        SequenceOutcome::Refused(reason) => {
+                            complete = false;
+                            format!("{target}: cannot set it to {value}: {reason}")
+                        }
+                    }
+                })
+                .collect();
+            Ok(SequencesSynced { lines, complete })
+        }))
     }
 
     fn skip<'a>(

@@ -35,6 +35,7 @@ mod kind;
 pub mod mapping;
 pub mod progress;
 pub mod schema;
+pub mod sequences;
 mod sink;
 mod skip;
 pub mod state;

@@ -220,6 +220,11 @@ impl Mapper {
         })
     }
 
+    /// The template target names are made with (sequences' too).
+    pub fn template(&self) -> &NameTemplate {
+        &self.template
+    }
+
     /// The mapping of `relation` when it was made before.
     pub fn known(&mut self, relation: &Arc<Relation>) -> Option<Arc<TableMap>> {
         let address = Arc::as_ptr(relation) as usize;

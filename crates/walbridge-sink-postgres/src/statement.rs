@@ -167,8 +167,9 @@ pub fn sql(map: &TableMap, shape: &Shape) -> String {
                 values.push(value.clone());
             }
             sql.text = format!(
-                "INSERT INTO {table} ({}) VALUES ({}){}",
+                "INSERT INTO {table} ({}){} VALUES ({}){}",
                 names.join(", "),
+                map.target.overriding(),
                 values.join(", "),
                 conflict_clause(map, *mode)
             );
@@ -295,6 +296,7 @@ pub(crate) mod tests {
                 unique_keys: vec![vec!["id".into()]],
                 has_primary_key: true,
                 has_apply_triggers: false,
+                has_always_identity: false,
             }),
             columns: vec![column("id", true), column("doc", false), column("n", true)],
             identity,

@@ -65,6 +65,10 @@ pub struct TargetTable {
     /// Row or statement triggers fire while applying (`ENABLE REPLICA` or
     /// `ENABLE ALWAYS`): its changes are applied one by one, in order.
     pub has_apply_triggers: bool,
+    /// A column is `GENERATED ALWAYS AS IDENTITY`: inserts say `OVERRIDING
+    /// SYSTEM VALUE` to write the publisher's values into it (as a native
+    /// apply worker does).
+    pub has_always_identity: bool,
 }
 
 impl TargetTable {
@@ -76,6 +80,16 @@ impl TargetTable {
     /// `schema.name` for messages.
     pub fn display(&self) -> String {
         format!("{}.{}", self.schema, self.name)
+    }
+
+    /// What an INSERT says after its column list: `OVERRIDING SYSTEM
+    /// VALUE` for a table with a `GENERATED ALWAYS` identity column.
+    pub fn overriding(&self) -> &'static str {
+        if self.has_always_identity {
+            " OVERRIDING SYSTEM VALUE"
+        } else {
+            ""
+        }
     }
 
     /// The column named `name`.
@@ -187,6 +201,15 @@ impl TargetCatalog {
             });
         }
         let columns = self.columns(oid, &display).await?;
+        let has_always_identity: bool = self
+            .lookup
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attidentity = 'a')",
+                &[&oid],
+            )
+            .await
+            .map_err(lookup_error(format!("reading the identity columns of {display}")))?
+            .get(0);
         let (unique_keys, has_primary_key) = self.unique_keys(oid, &display).await?;
         let has_apply_triggers: bool = self
             .lookup
@@ -206,6 +229,7 @@ impl TargetCatalog {
             unique_keys,
             has_primary_key,
             has_apply_triggers,
+            has_always_identity,
         });
         self.tables.insert(key, table.clone());
         Ok(Some(table))

@@ -32,7 +32,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
-use walbridge_core::{Lsn, Relation};
+use walbridge_core::{Lsn, Relation, SequenceValues};
 
 pub use feed::{LogPosition, Routed, SourceContext, SourceLog};
 pub use walbridge_log::{CursorPosition, CursorState, Log, LogError, Visibility};
@@ -109,6 +109,20 @@ pub trait SinkConfig: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// `walbridge sync-sequences`: sets the destination's sequences to
+    /// `values`, just read on `source`'s publisher, never backwards; a
+    /// line per sequence, and whether every one is now at least there.
+    /// `None` for a sink without sequences of its own to set (it gets them
+    /// through the log, from sources with `sequences = true`).
+    fn sync_sequences<'a>(
+        &'a self,
+        source: &'a str,
+        values: &'a SequenceValues,
+    ) -> Option<BoxFuture<'a, Result<SequencesSynced, SinkFailure>>> {
+        let _ = (source, values);
+        None
+    }
+
     /// `walbridge drop` of `source`: removes what the sink keeps for it
     /// outside `data_dir` (on its destination), and says what it removed
     /// and what is left there, with how to remove it. Nothing by default.
@@ -116,6 +130,15 @@ pub trait SinkConfig: Send + Sync + std::fmt::Debug {
         let _ = source;
         Box::pin(async { Forgotten::default() })
     }
+}
+
+/// What [`SinkConfig::sync_sequences`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SequencesSynced {
+    /// A line per sequence.
+    pub lines: Vec<String>,
+    /// Every sequence is now at least at the publisher's value.
+    pub complete: bool,
 }
 
 /// What [`SinkConfig::forget`] did, a line each.

@@ -95,6 +95,12 @@ pub struct SourceConfig {
     /// failover (PostgreSQL 17+; an existing slot is switched over).
     #[serde(default)]
     pub failover: bool,
+    /// Replicate sequences: the published tables' (owned, identity, or
+    /// used by a column default) — every sequence with a `FOR ALL TABLES`
+    /// publication — read every `refresh_interval` and at shutdown, and
+    /// handed on when they moved.
+    #[serde(default)]
+    pub sequences: bool,
     /// What to do when the slot was invalidated or dropped after the
     /// initial copy: `stop` (the default) or `recopy`.
     #[serde(default)]

@@ -11,6 +11,7 @@ pub mod checks;
 pub mod config;
 mod error;
 mod feedback;
+pub mod sequences;
 pub mod slot;
 pub mod snapshot;
 pub mod source;

@@ -18,6 +18,7 @@ use crate::config::{OnSlotLost, OriginFilter, SourceConfig};
 pub use crate::error::SourceError;
 use crate::feedback::Feedback;
 use crate::pgoutput::{Decoder, Message};
+use crate::sequences::SequenceReader;
 use crate::slot::{self, SlotOptions, SlotPersistence, SnapshotAction};
 use crate::snapshot::{SnapshotError, SnapshotProgress, copy_tables};
 use crate::spill;
@@ -443,6 +444,17 @@ impl Source {
         }
         conn.close().await;
         Ok(existed)
+    }
+
+    /// The sequences the source replicates, read now (`walbridge
+    /// sync-sequences`), whether or not `sequences` is set.
+    pub async fn read_sequences(&self) -> Result<walbridge_core::SequenceValues, SourceError> {
+        let client = connect_sql(&self.params, self.config.application_name())
+            .await
+            .map_err(|e| self.err(e))?;
+        crate::sequences::read_sequences(&client, &self.config.publications, Lsn::ZERO)
+            .await
+            .map_err(|e| SourceError::Catalog(self.config.name.clone(), e))
     }
 
     /// Removes the source's state from `data_dir` (its log, spill files and
@@ -949,13 +961,17 @@ impl Source {
         // per STATUS_GAP at most, however often the log or the sinks move.
         let mut status_due = None;
         let mut last_status = tokio::time::Instant::now();
+        let mut sequences = SequenceReader::default();
         loop {
             if *shutdown.borrow_and_update() {
+                self.last_sequences(&mut sequences, &client, events, feedback)
+                    .await;
                 return self.finish(conn, flushed, assembler, feedback).await;
             }
             let burst = tokio::select! {
                 biased;
                 _ = shutdown.changed() => {
+                    self.last_sequences(&mut sequences, &client, events, feedback).await;
                     return self.finish(conn, flushed, assembler, feedback).await;
                 }
                 message = conn.recv_copy() => Some(message),
@@ -977,6 +993,27 @@ impl Source {
                         .refresh(&client, version, &self.config)
                         .await
                         .map_err(|e| SourceError::Backfill(name.clone(), e))?;
+                    if self.config.sequences
+                        && let Some(values) = sequences
+                            .moved(&name, &client, &self.config.publications, feedback.last_emitted_end)
+                            .await
+                    {
+                        let mut lost = None;
+                        self.deliver(
+                            &mut conn,
+                            events,
+                            flushed,
+                            shutdown,
+                            assembler,
+                            feedback,
+                            &mut lost,
+                            vec![SourceEvent::Sequences(values)],
+                        )
+                        .await?;
+                        if let Some(e) = lost {
+                            return Err(e);
+                        }
+                    }
                     None
                 }
                 Ok(()) = applied.changed() => {
@@ -1302,6 +1339,41 @@ impl Source {
                     }
                 }
             }
+        }
+    }
+
+    /// At shutdown: the sequences once more, when they moved (so a
+    /// switchover after a clean stop finds them current downstream).
+    async fn last_sequences(
+        &self,
+        sequences: &mut SequenceReader,
+        client: &tokio_postgres::Client,
+        events: &mpsc::Sender<EventBatch>,
+        feedback: &Feedback,
+    ) {
+        if !self.config.sequences {
+            return;
+        }
+        let name = &self.config.name;
+        let Some(values) = sequences
+            .moved(
+                name,
+                client,
+                &self.config.publications,
+                feedback.last_emitted_end,
+            )
+            .await
+        else {
+            return;
+        };
+        // Downstream may be full: stopping does not wait on it for long.
+        let sent = tokio::time::timeout(
+            Duration::from_secs(5),
+            events.send(vec![SourceEvent::Sequences(values)]),
+        )
+        .await;
+        if !matches!(sent, Ok(Ok(()))) {
+            tracing::warn!(source = %name, "the sequences read at shutdown could not be handed on: downstream is full or gone");
         }
     }
 

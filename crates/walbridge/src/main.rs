@@ -10,6 +10,7 @@ mod resync;
 mod run;
 mod skip;
 mod status;
+mod sync_sequences;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -175,6 +176,18 @@ enum Command {
         #[arg(long, value_name = "SCHEMA.TABLE")]
         table: String,
     },
+    /// Set the targets' sequences to the publishers' now (for a switchover).
+    ///
+    /// Reads each source's sequences (the published tables' own, identity
+    /// and default sequences; every sequence under FOR ALL TABLES) and sets
+    /// each postgres sink's with setval, never backwards. Exits non-zero
+    /// when one could not be set. With `sequences = true` on a source this
+    /// also happens continuously while running.
+    SyncSequences {
+        /// The configuration file.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+    },
     /// Drop sources' replication slots and state (like DROP SUBSCRIPTION),
     /// and what sinks keep for them on their targets.
     ///
@@ -331,6 +344,7 @@ fn main() -> ExitCode {
                 source,
                 table,
             } => resync::resync(config, source, table),
+            Command::SyncSequences { config } => sync_sequences::sync_sequences(config).await,
             Command::Pause { config, sink } => pause::set_paused(config, sink, true),
             Command::Resume { config, sink } => pause::set_paused(config, sink, false),
         }

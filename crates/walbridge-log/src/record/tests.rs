@@ -193,6 +193,17 @@ fn snapshots_and_messages_round_trip() {
     };
     let entry = decode(Bytes::from(encoder.message(&m))).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(entry, Entry::Message(m));
+    let values = SequenceValues {
+        lsn: Lsn(12),
+        read_time: PgTimestamp(77),
+        sequences: vec![SequenceValue {
+            schema: "public".into(),
+            name: "t_id_seq".into(),
+            last_value: i64::MIN + 1,
+        }],
+    };
+    let entry = decode(Bytes::from(encoder.sequences(&values))).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(entry, Entry::Sequences(values));
 }
 
 #[test]

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use walbridge_core::{
     Change, Column, CopyText, Datum, LogicalMessage, Lsn, OldRow, OldRowKind, Origin, PgTimestamp,
-    Relation, ReplicaIdentity, Row, TableName, TransactionInfo, Truncate, TruncateOptions,
-    ValueKind,
+    Relation, ReplicaIdentity, Row, SequenceValue, SequenceValues, TableName, TransactionInfo,
+    Truncate, TruncateOptions, ValueKind,
 };
 
 use crate::pb;
@@ -258,6 +258,27 @@ pub(crate) fn copy_rows(rows: Vec<pb::Row>, relation: &Relation) -> Result<CopyT
 }
 
 /// A non-transactional message.
+/// Sequences' values.
+pub(crate) fn sequences(s: pb::Sequences) -> Result<SequenceValues, Malformed> {
+    let id = s.id.unwrap_or_default();
+    let read_time = s.read_time.unwrap_or_default();
+    Ok(SequenceValues {
+        lsn: lsn(&id.lsn, "sequences.id.lsn")?,
+        read_time: PgTimestamp::from_unix_micros(
+            read_time.seconds * 1_000_000 + i64::from(read_time.nanos / 1_000),
+        ),
+        sequences: s
+            .sequences
+            .into_iter()
+            .map(|q| SequenceValue {
+                schema: q.schema,
+                name: q.name,
+                last_value: q.last_value,
+            })
+            .collect(),
+    })
+}
+
 pub(crate) fn message(m: pb::Message) -> Result<LogicalMessage, Malformed> {
     let id = m.id.unwrap_or_default();
     Ok(LogicalMessage {

@@ -597,6 +597,18 @@ impl Reading<'_> {
                 }
                 self.wait_for(at, token);
             }
+            Event::Sequences(sequences) => {
+                let token = sequences.resume_token.clone();
+                let values = decode::sequences(sequences)?;
+                let at = values.lsn;
+                // Handed on again after a reconnect at the same place:
+                // harmless, as a sequence never goes backwards.
+                if at >= *self.handed {
+                    self.send(vec![SourceEvent::Sequences(values)]).await?;
+                    *self.handed = at;
+                }
+                self.wait_for(at, token);
+            }
             Event::Progress(progress) => {
                 // It covers units the feed sent nothing of (transactions
                 // without changes), so it is acknowledged only once the

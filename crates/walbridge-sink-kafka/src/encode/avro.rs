@@ -34,7 +34,7 @@
 use std::borrow::Cow;
 
 use serde_json::{Value, json};
-use walbridge_core::{LogicalMessage, PgTimestamp, Relation, Row};
+use walbridge_core::{LogicalMessage, PgTimestamp, Relation, Row, SequenceValue};
 
 use super::columns::{
     ColumnType, Field, FieldValue, Part, RecordSchemas, Scalar, SchemaDocument, SchemaState,
@@ -442,6 +442,53 @@ impl AvroEncoder {
             )
             .await?;
         write_bytes(&mut out, prefix.as_bytes());
+        Ok(out)
+    }
+
+    /// A sequence's key: its schema and name.
+    pub async fn sequence_key(
+        &mut self,
+        topic: &str,
+        sequence: &SequenceValue,
+    ) -> Result<Vec<u8>, SinkError> {
+        let mut out = self
+            .fixed(topic, true, "SequenceKey", || {
+                json!([{"name": "schema", "type": "string"}, {"name": "name", "type": "string"}])
+            })
+            .await?;
+        write_bytes(&mut out, sequence.schema.as_bytes());
+        write_bytes(&mut out, sequence.name.as_bytes());
+        Ok(out)
+    }
+
+    /// A sequence's value event (`op = "q"`).
+    pub async fn sequence(
+        &mut self,
+        topic: &str,
+        source: &SourceBlock<'_>,
+        sequence: &SequenceValue,
+    ) -> Result<Vec<u8>, SinkError> {
+        let mut out = self
+            .fixed(topic, false, "SequenceValue", || {
+                json!([
+                    {"name": "op", "type": "string"},
+                    {"name": "ts_ms", "type": "long"},
+                    {"name": "ts_us", "type": "long"},
+                    {"name": "source", "type": source_schema()},
+                    {"name": "sequence", "type": {"type": "record", "name": "Sequence",
+                        "namespace": "walbridge", "fields": [
+                        {"name": "schema", "type": "string"}, {"name": "name", "type": "string"},
+                        {"name": "last_value", "type": "long"}]}}])
+            })
+            .await?;
+        let now = PgTimestamp::now().unix_micros();
+        write_bytes(&mut out, b"q");
+        write_long(&mut out, now.div_euclid(1000));
+        write_long(&mut out, now);
+        write_source(&mut out, source);
+        write_bytes(&mut out, sequence.schema.as_bytes());
+        write_bytes(&mut out, sequence.name.as_bytes());
+        write_long(&mut out, sequence.last_value);
         Ok(out)
     }
 

@@ -15,7 +15,9 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 use walbridge_core::json::datum_to_json;
-use walbridge_core::{Column, Datum, LogicalMessage, PgTimestamp, Relation, Row, ValueKind};
+use walbridge_core::{
+    Column, Datum, LogicalMessage, PgTimestamp, Relation, Row, SequenceValue, ValueKind,
+};
 
 use crate::event::{
     ChangeEvent, KeyColumns, RowImage, SourceBlock, TransactionBlock, TransactionRecord,
@@ -242,6 +244,66 @@ impl JsonEncoder {
                 )
             },
             &json!({"prefix": prefix}),
+        )
+    }
+
+    /// A sequence's key: its schema and name.
+    pub fn sequence_key(&self, topic: &str, sequence: &SequenceValue) -> Vec<u8> {
+        self.framed(
+            || {
+                struct_schema(
+                    &format!("{topic}.SequenceKey"),
+                    false,
+                    vec![
+                        field("schema", "string", false),
+                        field("name", "string", false),
+                    ],
+                )
+            },
+            &json!({"schema": sequence.schema, "name": sequence.name}),
+        )
+    }
+
+    /// A sequence's value event (`op = "q"`).
+    pub fn sequence(
+        &self,
+        topic: &str,
+        source: &SourceBlock<'_>,
+        sequence: &SequenceValue,
+    ) -> Vec<u8> {
+        let now = PgTimestamp::now().unix_micros();
+        self.framed(
+            || {
+                struct_schema(
+                    &format!("{topic}.SequenceValue"),
+                    false,
+                    vec![
+                        field("op", "string", false),
+                        field("ts_ms", "int64", false),
+                        field("ts_us", "int64", false),
+                        named_field(source_schema(), "source"),
+                        named_field(
+                            struct_schema(
+                                "walbridge.Sequence",
+                                false,
+                                vec![
+                                    field("schema", "string", false),
+                                    field("name", "string", false),
+                                    field("last_value", "int64", false),
+                                ],
+                            ),
+                            "sequence",
+                        ),
+                    ],
+                )
+            },
+            &json!({
+                "op": "q",
+                "ts_ms": now.div_euclid(1000),
+                "ts_us": now,
+                "source": SourceJson::from(source),
+                "sequence": {"schema": sequence.schema, "name": sequence.name, "last_value": sequence.last_value},
+            }),
         )
     }
 

@@ -7,7 +7,7 @@ mod fixtures;
 pub mod json;
 pub mod protobuf;
 
-use walbridge_core::{LogicalMessage, Relation, Row};
+use walbridge_core::{LogicalMessage, Relation, Row, SequenceValue};
 
 use crate::config::{Format, KafkaSinkConfig};
 use crate::error::SinkError;
@@ -123,6 +123,33 @@ impl Encoder {
             Encoder::Json(e) => Ok(e.message_key(topic, prefix)),
             Encoder::Avro(e) => e.message_key(topic, prefix).await,
             Encoder::Protobuf(e) => e.message_key(topic, prefix).await,
+        }
+    }
+
+    /// A sequence's key.
+    pub async fn sequence_key(
+        &mut self,
+        topic: &str,
+        sequence: &SequenceValue,
+    ) -> Result<Vec<u8>, SinkError> {
+        match self {
+            Encoder::Json(e) => Ok(e.sequence_key(topic, sequence)),
+            Encoder::Avro(e) => e.sequence_key(topic, sequence).await,
+            Encoder::Protobuf(e) => e.sequence_key(topic, sequence).await,
+        }
+    }
+
+    /// A sequence's value event.
+    pub async fn sequence(
+        &mut self,
+        topic: &str,
+        source: &SourceBlock<'_>,
+        sequence: &SequenceValue,
+    ) -> Result<Vec<u8>, SinkError> {
+        match self {
+            Encoder::Json(e) => Ok(e.sequence(topic, source, sequence)),
+            Encoder::Avro(e) => e.sequence(topic, source, sequence).await,
+            Encoder::Protobuf(e) => e.sequence(topic, source, sequence).await,
         }
     }
 

@@ -44,7 +44,7 @@ use std::fmt::Write as _;
 
 use prost_types::FieldDescriptorProto;
 use prost_types::field_descriptor_proto::{Label, Type as FieldType};
-use walbridge_core::{LogicalMessage, PgTimestamp, Relation, Row};
+use walbridge_core::{LogicalMessage, PgTimestamp, Relation, Row, SequenceValue};
 
 use super::columns::{
     ColumnType, Field, FieldValue, Part, RecordSchemas, Scalar, SchemaDocument, SchemaState,
@@ -666,6 +666,56 @@ impl ProtobufEncoder {
         let message = "message MessageKey {\n  string prefix = 1;\n}\n";
         let mut out = self.fixed(topic, true, "MessageKey", &[message]).await?;
         write_len(&mut out, 1, prefix.as_bytes());
+        Ok(out)
+    }
+
+    /// A sequence's key: its schema and name.
+    pub async fn sequence_key(
+        &mut self,
+        topic: &str,
+        sequence: &SequenceValue,
+    ) -> Result<Vec<u8>, SinkError> {
+        let message = "message SequenceKey {\n  string schema = 1;\n  string name = 2;\n}\n";
+        let mut out = self.fixed(topic, true, "SequenceKey", &[message]).await?;
+        write_len(&mut out, 1, sequence.schema.as_bytes());
+        write_len(&mut out, 2, sequence.name.as_bytes());
+        Ok(out)
+    }
+
+    /// A sequence's value event (`op = "q"`).
+    pub async fn sequence(
+        &mut self,
+        topic: &str,
+        source: &SourceBlock<'_>,
+        sequence: &SequenceValue,
+    ) -> Result<Vec<u8>, SinkError> {
+        let value = "message SequenceValue {
+  string op = 1;
+  int64 ts_ms = 2;
+  int64 ts_us = 3;
+  Source source = 4;
+  Sequence sequence = 5;
+}
+";
+        let content = "message Sequence {\n  string schema = 1;\n  string name = 2;\n  int64 last_value = 3;\n}\n";
+        let mut out = self
+            .fixed(
+                topic,
+                false,
+                "SequenceValue",
+                &[value, SOURCE_MESSAGE, content],
+            )
+            .await?;
+        let now = PgTimestamp::now().unix_micros();
+        write_len(&mut out, 1, b"q");
+        write_int(&mut out, 2, now.div_euclid(1000));
+        write_int(&mut out, 3, now);
+        write_source(&mut out, 4, source);
+        write_message(&mut out, 5, |m| {
+            write_len(m, 1, sequence.schema.as_bytes());
+            write_len(m, 2, sequence.name.as_bytes());
+            write_int(m, 3, sequence.last_value);
+        });
         Ok(out)
     }
 

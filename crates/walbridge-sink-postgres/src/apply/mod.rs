@@ -40,7 +40,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tokio_postgres::{Client, Statement};
-use walbridge_core::{Lsn, Oid, PgTimestamp, Relation, SourceEvent, TransactionInfo};
+use walbridge_core::{
+    Lsn, Oid, PgTimestamp, Relation, SequenceValues, SourceEvent, TransactionInfo,
+};
 use walbridge_sink::{LogPosition, Routed, SourceContext};
 
 use crate::batch::{BatchKind, Batcher};
@@ -49,6 +51,7 @@ use crate::error::{SinkError, StoppedOn};
 use crate::inflight::{Failed, InFlight, Outcome, Reply};
 use crate::mapping::{Mapper, TableMap};
 use crate::progress::ProgressStore;
+use crate::sequences::{SequenceOutcome, set_sequences};
 use crate::state::{Published, SinkState};
 use crate::statement::{InsertMode, Shape};
 use crate::target::TargetCatalog;
@@ -297,6 +300,8 @@ pub struct Applier {
     last_log: Instant,
     /// Per table, the published columns last mapped.
     published: Published,
+    /// Sequences found missing on the target (said once).
+    missing_sequences: HashSet<String>,
 }
 
 /// Everything an applier needs, connected.
@@ -354,6 +359,7 @@ impl Applier {
             counters,
             last_log: Instant::now(),
             published,
+            missing_sequences: HashSet::new(),
         })
     }
 
@@ -471,7 +477,39 @@ impl Applier {
             // Logical decoding messages have no place in tables (a native
             // subscriber ignores them too).
             SourceEvent::Message(_) => Ok(()),
+            SourceEvent::Sequences(values) => {
+                self.sequences(&values).await;
+                Ok(())
+            }
         }
+    }
+
+    /// Sets the target's sequences; what the target refuses is logged
+    /// (a missing sequence once), and applying goes on.
+    async fn sequences(&mut self, values: &SequenceValues) {
+        let results = set_sequences(
+            self.catalog.client(),
+            self.mapper.template(),
+            &self.source.name,
+            values,
+        )
+        .await;
+        let mut set = 0;
+        for result in results {
+            match result.outcome {
+                SequenceOutcome::Set => set += 1,
+                SequenceOutcome::Ahead => {}
+                SequenceOutcome::Missing => {
+                    if self.missing_sequences.insert(result.target.clone()) {
+                        tracing::warn!(sink = %self.sink, source = %self.source.name, sequence = %result.target, value = result.value, "the target has no sequence {}: create it (CREATE SEQUENCE …), or its value is not replicated", result.target);
+                    }
+                }
+                SequenceOutcome::Refused(reason) => {
+                    tracing::warn!(sink = %self.sink, source = %self.source.name, sequence = %result.target, value = result.value, "cannot set sequence {} to {}: {reason}", result.target, result.value);
+                }
+            }
+        }
+        tracing::debug!(sink = %self.sink, source = %self.source.name, set, of = values.sequences.len(), "sequences");
     }
 
     async fn map(&mut self, relation: &Arc<Relation>) -> Result<Arc<TableMap>, SinkError> {

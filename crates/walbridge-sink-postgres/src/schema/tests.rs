@@ -58,6 +58,7 @@ fn target(columns: &[(&str, Oid, i32)]) -> TargetTable {
         unique_keys: vec![vec!["id".into()]],
         has_primary_key: true,
         has_apply_triggers: false,
+        has_always_identity: false,
     }
 }
 
