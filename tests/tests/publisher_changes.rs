@@ -334,6 +334,8 @@ fn the_admin_endpoint_takes_resync_requests() {
     };
     assert_eq!(post("").0, 400);
     assert_eq!(post("?source=nope&table=public.t").0, 404);
+    let (status, body) = post("?source=src&table=public.t&sink=nope");
+    assert_eq!((status, body.trim()), (404, "no sink `nope` reads source `src` (its sinks: out)"));
     let (status, body) = post("?source=src&table=public.t");
     assert_eq!(status, 202, "{body}");
     // Each row again, as a read, after the copy.
@@ -352,6 +354,81 @@ fn the_admin_endpoint_takes_resync_requests() {
         "has neither a primary key nor a replica identity index",
         WAIT,
     );
+    assert!(running.stop(WAIT).success(), "log:\n{}", wb.log());
+}
+
+#[test]
+fn resync_for_one_sink_repairs_it_and_the_other_sinks_pass_over_the_rows() {
+    let publisher = Cluster::start();
+    let (first, second) = (Cluster::start(), Cluster::start());
+    for pg in [&publisher, &first, &second] {
+        pg.psql(SCHEMA);
+    }
+    publisher.psql(
+        "INSERT INTO b SELECT g, 0, 'p' FROM generate_series(1, 5000) g;
+         CREATE PUBLICATION pub FOR TABLE a, b",
+    );
+    let wb = Deployment::new();
+    let target = |name: &str, pg: &Cluster| {
+        format!(
+            "[[sink]]\nname = \"{name}\"\ntype = \"postgres\"\nconnection = \"{}\"\n\n",
+            pg.superuser()
+        )
+    };
+    wb.configure_sinks(
+        &publisher.superuser(),
+        &["pub"],
+        "backfill_chunk_rows = 1000\nrefresh_interval = 1",
+        &format!(
+            "{}{}[[sink]]\nname = \"lines\"\ntype = \"jsonl\"\npath = \"{}\"\n",
+            target("first", &first),
+            target("second", &second),
+            wb.output_path().display()
+        ),
+    );
+    // A sink the source has not: refused, naming the ones it has.
+    let refused = wb.command(&["resync", "--source", "src", "--table", "b", "--sink", "third"]);
+    assert_eq!(refused.status.code(), Some(2), "{}", walbridge_tests::printed(&refused));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr)
+            .contains("no sink `third` reads source `src` (its sinks: first, second, lines)"),
+        "{}",
+        walbridge_tests::printed(&refused)
+    );
+    let running = wb.start();
+    publisher.wait_for_streaming(WAIT);
+    assert_same(&publisher, &first, "b");
+    assert_same(&publisher, &second, "b");
+    let copied_lines = wb.wait_for_lines(5000, WAIT).len();
+    // Both targets damaged the same way; only the first is re-synced.
+    let damage = "DELETE FROM b WHERE id % 3 = 0; UPDATE b SET v = -1 WHERE id % 5 = 0";
+    first.psql(damage);
+    second.psql(damage);
+    let damaged = second.table_digest("postgres", "b", "id, v");
+    let asked = wb.command(&["resync", "--source", "src", "--table", "b", "--sink", "first"]);
+    assert!(asked.status.success(), "{}", walbridge_tests::printed(&asked));
+    assert!(
+        walbridge_tests::printed(&asked).contains("sink `first` alone applies the rows"),
+        "{}",
+        walbridge_tests::printed(&asked)
+    );
+    wb.wait_for_log("table copied while streaming", WAIT);
+    publisher.psql("UPDATE b SET v = 7 WHERE id = 1");
+    assert_same(&publisher, &first, "b");
+    // The second target and the jsonl sink got nothing of it: the update
+    // after it, and nothing else.
+    let expected_second = second.wait_for_db(
+        "postgres",
+        "SELECT v FROM b WHERE id = 1",
+        "7",
+        WAIT,
+    );
+    assert_eq!(expected_second, "7");
+    second.psql("UPDATE b SET v = 0 WHERE id = 1");
+    assert_eq!(second.table_digest("postgres", "b", "id, v"), damaged);
+    let lines = wb.wait_for_lines(copied_lines + 1, WAIT);
+    assert_eq!(lines.len(), copied_lines + 1, "{:?}", &lines[copied_lines..]);
+    assert_eq!(lines[copied_lines]["op"], "u");
     assert!(running.stop(WAIT).success(), "log:\n{}", wb.log());
 }
 

@@ -32,6 +32,16 @@ pub struct TransactionInfo {
     pub origin: Option<Origin>,
     /// The global identifier for a two-phase transaction (`PREPARE TRANSACTION 'gid'`).
     pub gid: Option<String>,
+    /// A unit meant for one sink only, by name (a chunk of `walbridge
+    /// resync --sink`): every other sink passes over it.
+    pub for_sink: Option<String>,
+}
+
+impl TransactionInfo {
+    /// The unit is meant for another sink than `sink`.
+    pub fn passes_over(&self, sink: &str) -> bool {
+        self.for_sink.as_deref().is_some_and(|s| s != sink)
+    }
 }
 
 /// Rows read by the initial snapshot, all of one table.

@@ -50,6 +50,7 @@ fn record(size: usize) -> Vec<u8> {
         commit_time: PgTimestamp(0),
         origin: None,
         gid: None,
+        for_sink: None,
     };
     let rows = (size / 110).max(1);
     let changes: Vec<Change> = (0..rows)

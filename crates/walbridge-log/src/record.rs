@@ -260,6 +260,7 @@ fn transaction_to_pb(info: &TransactionInfo) -> pb::Transaction {
         origin_name: info.origin.as_ref().map(|o| o.name.clone()),
         origin_lsn: info.origin.as_ref().map_or(0, |o| o.lsn.0),
         gid: info.gid.clone(),
+        for_sink: info.for_sink.clone(),
     }
 }
 
@@ -544,6 +545,7 @@ fn transaction_from_pb(t: pb::Transaction) -> TransactionInfo {
             lsn: Lsn(t.origin_lsn),
         }),
         gid: t.gid,
+        for_sink: t.for_sink,
     }
 }
 

@@ -49,8 +49,24 @@ pub const ADDRESS_FILE: &str = "admin.address";
 pub struct Requests {
     /// The configuration's data_dir.
     pub data_dir: std::path::PathBuf,
-    /// Sources that can re-synchronize a table.
-    pub sources: Vec<String>,
+    /// Sources that can re-synchronize a table, each with the sinks
+    /// reading it.
+    pub sources: Vec<(String, Vec<String>)>,
+}
+
+/// Why `sink` cannot take a re-sync of `source`'s table alone: it is not
+/// one of `readers`, the sinks reading the source.
+pub fn resync_sink_problem(sink: &str, source: &str, readers: &[String]) -> Option<String> {
+    (!readers.iter().any(|r| r == sink)).then(|| {
+        format!(
+            "no sink `{sink}` reads source `{source}` (its sinks: {})",
+            if readers.is_empty() {
+                "none".to_owned()
+            } else {
+                readers.join(", ")
+            }
+        )
+    })
 }
 
 /// What the handlers share.
@@ -341,22 +357,33 @@ async fn resync(
     let (Some(source), Some(table)) = (query.get("source"), query.get("table")) else {
         return (
             StatusCode::BAD_REQUEST,
-            "POST /resync?source=NAME&table=SCHEMA.TABLE\n",
+            "POST /resync?source=NAME&table=SCHEMA.TABLE[&sink=NAME]\n",
         )
             .into_response();
     };
-    if !admin.requests.sources.contains(source) {
+    let Some((_, readers)) = admin.requests.sources.iter().find(|(s, _)| s == source) else {
         return (
             StatusCode::NOT_FOUND,
             format!("no source `{source}` reading a publisher\n"),
         )
             .into_response();
+    };
+    let sink = query.get("sink");
+    if let Some(problem) = sink.and_then(|sink| resync_sink_problem(sink, source, readers)) {
+        return (StatusCode::NOT_FOUND, format!("{problem}\n")).into_response();
     }
     let state_dir = walbridge_source::source::state_dir(&admin.requests.data_dir, source);
-    match walbridge_source::backfill::request_resync(&state_dir, table) {
+    let request = walbridge_source::backfill::ResyncRequest {
+        table: table.clone(),
+        sink: sink.cloned(),
+    };
+    let only = sink
+        .map(|s| format!(", for sink `{s}` only"))
+        .unwrap_or_default();
+    match walbridge_source::backfill::request_resync(&state_dir, &request) {
         Ok(()) => (
             StatusCode::ACCEPTED,
-            format!("re-sync of {table} requested from source `{source}`: it starts within the source's refresh_interval\n"),
+            format!("re-sync of {table} requested from source `{source}`{only}: it starts within the source's refresh_interval\n"),
         )
             .into_response(),
         Err(e) => (

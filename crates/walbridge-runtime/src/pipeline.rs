@@ -225,7 +225,15 @@ pub async fn run(config: Config, watch: impl FnOnce(Arc<Observed>)) -> Result<()
             .sources
             .iter()
             .filter(|s| matches!(s, crate::config::SourceSpec::Postgres(_)))
-            .map(|s| s.name().to_owned())
+            .map(|s| {
+                let readers = config
+                    .sinks
+                    .iter()
+                    .filter(|k| walbridge_sink::reads(k.as_ref(), s.name()))
+                    .map(|k| k.name().to_owned())
+                    .collect();
+                (s.name().to_owned(), readers)
+            })
             .collect(),
     };
     let admin_server = admin.map(|bound| {

@@ -282,6 +282,9 @@ pub struct StreamCopyStatus {
     /// The key copied up to (its columns' values as text); none before the
     /// first chunk.
     pub up_to: Option<Vec<String>>,
+    /// The only sink the rows are for (`resync --sink`); every sink when none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sink: Option<String>,
 }
 
 /// A source's slot in [`SourceStatus`].
@@ -804,6 +807,7 @@ fn source_status(source: &ObservedSource) -> SourceStatus {
                 mode: c.mode,
                 rows: c.rows,
                 up_to: c.up_to,
+                sink: c.sink,
             })
             .collect(),
         slot: stats.slot().map(|(slot, polled)| {

@@ -598,6 +598,7 @@ impl pb::change_feed_server::ChangeFeed for FeedService {
         let (cancel, cancelled) = watch::channel(false);
         let counters = SessionCounters::new(&feed.sink, &open.consumer);
         let session = Session {
+            sink: feed.sink.clone(),
             sources: session_sources,
             encoder: Encoder::new(filter, open.text_values),
             heartbeat,

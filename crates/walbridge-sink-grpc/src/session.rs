@@ -228,6 +228,8 @@ enum Go {
 
 /// A session, ready to run.
 pub(crate) struct Session {
+    /// The feed's sink name (units for another sink are passed over).
+    pub sink: String,
     pub sources: Vec<SessionSource>,
     pub encoder: Encoder,
     pub heartbeat: Duration,
@@ -529,12 +531,13 @@ impl Session {
                 }
                 let mut transaction = Transaction::default();
                 let (mut changes, mut last, mut at) = (changes, last, (seq, lsn));
+                let passed_over = info.passes_over(&self.sink);
                 loop {
                     for change in &changes {
-                        if self
-                            .membership
-                            .as_ref()
-                            .is_some_and(|m| !m.takes(i, seq, change_partition(change, m.count())))
+                        if passed_over
+                            || self.membership.as_ref().is_some_and(|m| {
+                                !m.takes(i, seq, change_partition(change, m.count()))
+                            })
                         {
                             transaction.skip();
                             continue;

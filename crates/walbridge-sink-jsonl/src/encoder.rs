@@ -279,6 +279,7 @@ mod tests {
             commit_time: PgTimestamp(0),
             origin: None,
             gid: None,
+            for_sink: None,
         };
         let at = Position {
             source: "s",

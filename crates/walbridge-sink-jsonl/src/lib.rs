@@ -327,7 +327,14 @@ impl JsonlSink {
                 .entry(routed.source.name.clone())
                 .or_insert_with(|| (routed.source.clone(), SourceCursor::default()));
             for event in routed.events {
-                write_event(&encoder, &mut buffer, source, cursor, event)?;
+                write_event(
+                    &self.config.name,
+                    &encoder,
+                    &mut buffer,
+                    source,
+                    cursor,
+                    event,
+                )?;
             }
             if let Some(position) = routed.position {
                 positions.insert(routed.source.name.clone(), position);
@@ -412,6 +419,7 @@ struct NextCursor {
 }
 
 fn write_event(
+    sink: &str,
     encoder: &Encoder,
     out: &mut Vec<u8>,
     source: &SourceContext,
@@ -438,6 +446,10 @@ fn write_event(
         SourceEvent::Begin(info) => cursor.transaction = Some(info),
         SourceEvent::Change(change) => {
             let transaction = cursor.transaction.clone();
+            // A unit for another sink (`resync --sink`): nothing of it.
+            if transaction.as_ref().is_some_and(|t| t.passes_over(sink)) {
+                return Ok(());
+            }
             let at = Position {
                 source: &source.name,
                 database: &source.database,

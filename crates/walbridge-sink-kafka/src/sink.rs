@@ -183,6 +183,8 @@ impl KafkaSink {
                 unfinished: HashSet::new(),
             }),
             brokers: self.config.brokers.clone(),
+            sink: self.config.name.clone(),
+            passing: HashSet::new(),
         };
         let mut last_store = Instant::now();
         let mut tick = tokio::time::interval(COMMIT_INTERVAL);
@@ -331,6 +333,10 @@ struct Run {
     transaction: Option<Transaction>,
     /// The bootstrap servers, for messages.
     brokers: String,
+    /// The sink's name.
+    sink: String,
+    /// Sources inside a unit meant for another sink (passed over).
+    passing: HashSet<String>,
 }
 
 impl Run {
@@ -347,6 +353,16 @@ impl Run {
         };
         for event in routed.events {
             self.outgoing.clear();
+            // A unit for another sink (`resync --sink`): nothing of it.
+            match &event {
+                SourceEvent::Begin(info) if info.passes_over(&self.sink) => {
+                    self.passing.insert(source.name.clone());
+                    continue;
+                }
+                SourceEvent::Change(_) if self.passing.contains(&source.name) => continue,
+                SourceEvent::Commit(_) if self.passing.remove(&source.name) => continue,
+                _ => {}
+            }
             match event {
                 SourceEvent::Snapshot(batch) => {
                     self.emitter

@@ -400,6 +400,7 @@ mod tests {
             commit_time: PgTimestamp(0),
             origin: None,
             gid: None,
+            for_sink: None,
         })
     }
 

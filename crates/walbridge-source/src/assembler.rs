@@ -684,6 +684,7 @@ impl Assembler {
                 commit_time,
                 origin: txn.origin,
                 gid: txn.gid,
+                for_sink: None,
             }),
             changes: txn.changes,
         })

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, watch};
 use walbridge_core::{Change, EventBatch, Lsn, Relation, SourceEvent, TransactionInfo};
 
 use crate::assembler::{Assembled, Assembler, CommittedTransaction};
-use crate::backfill::{ChunkUnit, Tracker, WATERMARK_PREFIX, request_resync};
+use crate::backfill::{ChunkUnit, ResyncRequest, Tracker, WATERMARK_PREFIX, request_resync};
 use crate::catalog::{TypeCatalog, describe_table, published_tables};
 use crate::checks::{Finding, Outlook, Severity, check_source, explain_connection_error};
 use crate::config::{OnSlotLost, OriginFilter, SourceConfig};
@@ -152,6 +152,8 @@ pub struct CopyProgress {
     pub rows: u64,
     /// The key copied up to, as text; none before the first chunk.
     pub up_to: Option<Vec<String>>,
+    /// The only sink the rows are for (`resync --sink`).
+    pub sink: Option<String>,
 }
 
 /// What a source is doing.
@@ -701,8 +703,11 @@ impl Source {
         // Asked for before the slot exists: a crash in between leaves the
         // requests, and the next start finds the slot gone again.
         for table in &tables {
-            request_resync(&self.state_dir, &format!("{}.{}", table.schema, table.name))
-                .map_err(state_error)?;
+            let request = ResyncRequest {
+                table: format!("{}.{}", table.schema, table.name),
+                sink: None,
+            };
+            request_resync(&self.state_dir, &request).map_err(state_error)?;
         }
         let created = slot::create_slot(
             conn,
@@ -1229,7 +1234,14 @@ impl Source {
         tracker
             .handing(info.end_lsn, &unit)
             .map_err(|e| SourceError::Backfill(self.config.name.clone(), e))?;
-        let ChunkUnit { changes, .. } = unit;
+        let ChunkUnit { changes, sink, .. } = unit;
+        let info = match sink {
+            Some(sink) => Arc::new(TransactionInfo {
+                for_sink: Some(sink),
+                ..(*info).clone()
+            }),
+            None => info,
+        };
         self.hand_over(
             conn,
             events,

@@ -175,6 +175,9 @@ enum Command {
         /// The table, as schema.table.
         #[arg(long, value_name = "SCHEMA.TABLE")]
         table: String,
+        /// Only this sink gets the rows again (the others pass over them).
+        #[arg(long, value_name = "NAME")]
+        sink: Option<String>,
     },
     /// Set the targets' sequences to the publishers' now (for a switchover).
     ///
@@ -343,7 +346,8 @@ fn main() -> ExitCode {
                 config,
                 source,
                 table,
-            } => resync::resync(config, source, table),
+                sink,
+            } => resync::resync(config, source, table, sink.as_deref()),
             Command::SyncSequences { config } => sync_sequences::sync_sequences(config).await,
             Command::Pause { config, sink } => pause::set_paused(config, sink, true),
             Command::Resume { config, sink } => pause::set_paused(config, sink, false),

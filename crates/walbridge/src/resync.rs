@@ -2,15 +2,22 @@
 //! `walbridge_source::backfill`), like dropping and re-adding it to a
 //! subscription without stopping anything.
 
+use walbridge_runtime::admin::resync_sink_problem;
 use walbridge_runtime::config::SourceSpec;
 use walbridge_runtime::data_dir;
-use walbridge_source::backfill::request_resync;
+use walbridge_sink::reads;
+use walbridge_source::backfill::{ResyncRequest, request_resync};
 
 use crate::{EXIT_CONFIG, Failure, load};
 
 /// Asks source `source` of the configuration at `path` to re-synchronize
-/// `table` (`schema.table`).
-pub fn resync(path: &std::path::Path, source: &str, table: &str) -> Result<(), Failure> {
+/// `table` (`schema.table`), for every sink reading it or `sink` alone.
+pub fn resync(
+    path: &std::path::Path,
+    source: &str,
+    table: &str,
+    sink: Option<&str>,
+) -> Result<(), Failure> {
     let config = load(path)?;
     let refuse = |error: String| Failure {
         code: EXIT_CONFIG,
@@ -30,8 +37,23 @@ pub fn resync(path: &std::path::Path, source: &str, table: &str) -> Result<(), F
             )));
         }
     }
+    if let Some(sink) = sink {
+        let readers: Vec<String> = config
+            .sinks
+            .iter()
+            .filter(|s| reads(s.as_ref(), source))
+            .map(|s| s.name().to_owned())
+            .collect();
+        if let Some(problem) = resync_sink_problem(sink, source, &readers) {
+            return Err(refuse(problem));
+        }
+    }
     let state_dir = walbridge_source::source::state_dir(&config.data_dir, source);
-    request_resync(&state_dir, table)
+    let request = ResyncRequest {
+        table: table.to_owned(),
+        sink: sink.map(str::to_owned),
+    };
+    request_resync(&state_dir, &request)
         .map_err(|e| anyhow::anyhow!("cannot ask for a re-sync in {}: {e}", state_dir.display()))?;
     let when = match data_dir::DataDirLock::holder(&config.data_dir) {
         Some(pid) => format!(
@@ -39,8 +61,14 @@ pub fn resync(path: &std::path::Path, source: &str, table: &str) -> Result<(), F
         ),
         None => "it starts when walbridge does".to_owned(),
     };
+    let who = match sink {
+        Some(sink) => {
+            format!("sink `{sink}` alone applies the rows (the other sinks pass over them)")
+        }
+        None => "every sink applies the rows".to_owned(),
+    };
     println!(
-        "re-sync of {table} requested from source `{source}`: {when}; the table is read again in chunks while changes keep streaming, and every sink applies the rows idempotently (its log says when the copy is durable)"
+        "re-sync of {table} requested from source `{source}`: {when}; the table is read again in chunks while changes keep streaming, and {who}, idempotently (the log says when the copy is durable)"
     );
     Ok(())
 }

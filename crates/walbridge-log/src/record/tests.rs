@@ -63,6 +63,7 @@ fn every_kind_of_change_round_trips() {
             lsn: Lsn(77),
         }),
         gid: Some("g1".into()),
+        for_sink: None,
     };
     let changes = vec![
         Change::Insert {

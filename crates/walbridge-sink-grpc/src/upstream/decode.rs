@@ -148,6 +148,8 @@ pub(crate) fn transaction(begin: &pb::Begin) -> Result<TransactionInfo, Malforme
             }),
         },
         gid: (!begin.gid.is_empty()).then(|| begin.gid.clone()),
+        // The feed sends another walbridge's sink only the units for it.
+        for_sink: None,
     })
 }
 

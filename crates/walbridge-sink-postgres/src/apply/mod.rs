@@ -302,6 +302,8 @@ pub struct Applier {
     published: Published,
     /// Sequences found missing on the target (said once).
     missing_sequences: HashSet<String>,
+    /// Inside a unit meant for another sink.
+    passing: bool,
 }
 
 /// Everything an applier needs, connected.
@@ -360,6 +362,7 @@ impl Applier {
             last_log: Instant::now(),
             published,
             missing_sequences: HashSet::new(),
+            passing: false,
         })
     }
 
@@ -451,6 +454,17 @@ impl Applier {
             SourceEvent::SnapshotComplete { .. } => {
                 self.in_snapshot = false;
                 self.finish_copy().await
+            }
+            // A unit for another sink (`resync --sink`): nothing of it,
+            // but its place in the log still counts.
+            SourceEvent::Begin(info) if info.passes_over(&self.sink) => {
+                self.passing = true;
+                Ok(())
+            }
+            SourceEvent::Change(_) if self.passing => Ok(()),
+            SourceEvent::Commit(_) if self.passing => {
+                self.passing = false;
+                Ok(())
             }
             SourceEvent::Begin(info) => {
                 let isolate = self

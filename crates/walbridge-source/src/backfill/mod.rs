@@ -59,7 +59,7 @@ use serde::{Deserialize, Serialize};
 use walbridge_core::{Change, Datum, KeyOrder, Lsn, OldRow, ReadRange, Relation, RelationId, Row};
 
 pub use key::{ChunkKey, Key, KeyPart, ReadKey, in_range};
-pub use request::{request_resync, requests};
+pub use request::{ResyncRequest, request_resync, requests};
 pub use snapshot::PgSnapshot;
 pub use tracker::{Tracker, TrackerError};
 pub use worker::{Job, Worker, WorkerEvent};
@@ -105,6 +105,10 @@ pub struct StoredCopy {
     /// tells exactly which of them it holds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub marks: Vec<ChunkMark>,
+    /// A re-sync for this sink only (`walbridge resync --sink`): its
+    /// chunks are units every other sink passes over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sink: Option<String>,
 }
 
 /// A chunk handed downstream: where its unit ends, and the key copied up
@@ -153,6 +157,7 @@ struct Window {
 struct TableCopy {
     table: String,
     mode: CopyMode,
+    sink: Option<String>,
     /// Keys up to this one are on the targets (handed downstream).
     done: Option<ReadKey>,
     key: Option<(Arc<Relation>, Option<ChunkKey>)>,
@@ -212,6 +217,8 @@ pub struct ChunkUnit {
     /// The key copied up to once the unit is durable; none when the copy
     /// is then complete.
     pub up_to: Option<ReadKey>,
+    /// The only sink the unit is for (`resync --sink`).
+    pub sink: Option<String>,
 }
 
 /// Every table being copied while streaming, stream side.
@@ -240,6 +247,7 @@ impl Copies {
             TableCopy {
                 table: stored.table.clone(),
                 mode: stored.mode,
+                sink: stored.sink.clone(),
                 done: None,
                 key: None,
                 window: None,
@@ -341,6 +349,7 @@ impl Copies {
             oid: chunk.oid,
             changes,
             up_to: chunk.up_to,
+            sink: copy.sink.clone(),
         })
     }
 

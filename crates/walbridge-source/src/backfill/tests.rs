@@ -84,6 +84,7 @@ fn copies(mode: CopyMode) -> Copies {
         mode,
         after: None,
         marks: Vec::new(),
+        sink: None,
     });
     c
 }

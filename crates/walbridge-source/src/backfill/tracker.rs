@@ -11,8 +11,8 @@ use tokio_postgres::Client;
 use walbridge_core::{Change, LogicalMessage, Lsn, Relation};
 
 use super::{
-    ChunkKey, ChunkMark, ChunkRead, ChunkUnit, Copies, CopyMode, Job, ReadKey, Standing,
-    StoredCopy, WATERMARK_PREFIX, Worker, WorkerEvent, requests,
+    ChunkKey, ChunkMark, ChunkRead, ChunkUnit, Copies, CopyMode, Job, ReadKey, ResyncRequest,
+    Standing, StoredCopy, WATERMARK_PREFIX, Worker, WorkerEvent, requests,
 };
 use crate::catalog::{CatalogError, PublishedTable, TypeCatalog, describe_table, published_tables};
 use crate::config::SourceConfig;
@@ -232,6 +232,7 @@ impl Tracker {
                 mode: CopyMode::NewTable,
                 after: None,
                 marks: Vec::new(),
+                sink: None,
             },
             None,
         );
@@ -280,6 +281,7 @@ impl Tracker {
     ) -> Result<(), TrackerError> {
         let state_error = |e| TrackerError::State(self.state_dir.clone(), e);
         for (asked, request) in requests(&self.state_dir).map_err(state_error)? {
+            let ResyncRequest { table: asked, sink } = asked;
             let qualified = if asked.contains('.') {
                 asked.clone()
             } else {
@@ -291,7 +293,7 @@ impl Tracker {
             match found {
                 Some(t) => {
                     let table = format!("{}.{}", t.schema, t.name);
-                    tracing::info!(source = %source, table = %table, "re-synchronizing the table while streaming, as requested");
+                    tracing::info!(source = %source, table = %table, only_for_sink = sink.as_deref().unwrap_or(""), "re-synchronizing the table while streaming, as requested");
                     self.begin(
                         StoredCopy {
                             oid: t.oid,
@@ -299,6 +301,7 @@ impl Tracker {
                             mode: CopyMode::Resync,
                             after: None,
                             marks: Vec::new(),
+                            sink,
                         },
                         None,
                     );
@@ -481,6 +484,7 @@ fn show(stats: &SourceStats, stored: &StoredCopy) {
             mode: stored.mode.as_str(),
             rows: 0,
             up_to: stored.after.clone(),
+            sink: stored.sink.clone(),
         }),
     );
 }
