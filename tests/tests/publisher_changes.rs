@@ -335,7 +335,10 @@ fn the_admin_endpoint_takes_resync_requests() {
     assert_eq!(post("").0, 400);
     assert_eq!(post("?source=nope&table=public.t").0, 404);
     let (status, body) = post("?source=src&table=public.t&sink=nope");
-    assert_eq!((status, body.trim()), (404, "no sink `nope` reads source `src` (its sinks: out)"));
+    assert_eq!(
+        (status, body.trim()),
+        (404, "no sink `nope` reads source `src` (its sinks: out)")
+    );
     let (status, body) = post("?source=src&table=public.t");
     assert_eq!(status, 202, "{body}");
     // Each row again, as a read, after the copy.
@@ -387,8 +390,15 @@ fn resync_for_one_sink_repairs_it_and_the_other_sinks_pass_over_the_rows() {
         ),
     );
     // A sink the source has not: refused, naming the ones it has.
-    let refused = wb.command(&["resync", "--source", "src", "--table", "b", "--sink", "third"]);
-    assert_eq!(refused.status.code(), Some(2), "{}", walbridge_tests::printed(&refused));
+    let refused = wb.command(&[
+        "resync", "--source", "src", "--table", "b", "--sink", "third",
+    ]);
+    assert_eq!(
+        refused.status.code(),
+        Some(2),
+        "{}",
+        walbridge_tests::printed(&refused)
+    );
     assert!(
         String::from_utf8_lossy(&refused.stderr)
             .contains("no sink `third` reads source `src` (its sinks: first, second, lines)"),
@@ -405,8 +415,14 @@ fn resync_for_one_sink_repairs_it_and_the_other_sinks_pass_over_the_rows() {
     first.psql(damage);
     second.psql(damage);
     let damaged = second.table_digest("postgres", "b", "id, v");
-    let asked = wb.command(&["resync", "--source", "src", "--table", "b", "--sink", "first"]);
-    assert!(asked.status.success(), "{}", walbridge_tests::printed(&asked));
+    let asked = wb.command(&[
+        "resync", "--source", "src", "--table", "b", "--sink", "first",
+    ]);
+    assert!(
+        asked.status.success(),
+        "{}",
+        walbridge_tests::printed(&asked)
+    );
     assert!(
         walbridge_tests::printed(&asked).contains("sink `first` alone applies the rows"),
         "{}",
@@ -417,19 +433,85 @@ fn resync_for_one_sink_repairs_it_and_the_other_sinks_pass_over_the_rows() {
     assert_same(&publisher, &first, "b");
     // The second target and the jsonl sink got nothing of it: the update
     // after it, and nothing else.
-    let expected_second = second.wait_for_db(
-        "postgres",
-        "SELECT v FROM b WHERE id = 1",
-        "7",
-        WAIT,
-    );
+    let expected_second = second.wait_for_db("postgres", "SELECT v FROM b WHERE id = 1", "7", WAIT);
     assert_eq!(expected_second, "7");
     second.psql("UPDATE b SET v = 0 WHERE id = 1");
     assert_eq!(second.table_digest("postgres", "b", "id, v"), damaged);
     let lines = wb.wait_for_lines(copied_lines + 1, WAIT);
-    assert_eq!(lines.len(), copied_lines + 1, "{:?}", &lines[copied_lines..]);
+    assert_eq!(
+        lines.len(),
+        copied_lines + 1,
+        "{:?}",
+        &lines[copied_lines..]
+    );
     assert_eq!(lines[copied_lines]["op"], "u");
     assert!(running.stop(WAIT).success(), "log:\n{}", wb.log());
+}
+
+#[test]
+fn a_table_without_a_key_is_emptied_and_copied_whole_when_asked_to_truncate() {
+    let (publisher, subscriber, wb) = replicating(
+        "CREATE TABLE k (v int, w text); ALTER TABLE k REPLICA IDENTITY FULL;
+         INSERT INTO k SELECT g % 1000, 'w' || (g % 7) FROM generate_series(1, 3000) g;
+         CREATE PUBLICATION pub FOR TABLE a, k",
+    );
+    subscriber.psql("CREATE TABLE k (v int, w text)");
+    let running = wb.start();
+    publisher.wait_for_streaming(WAIT);
+    let same = || {
+        let expected = publisher.table_digest("postgres", "k", "v, w");
+        let got = subscriber.wait_for_digest("postgres", "k", "v, w", &expected, WAIT);
+        assert_eq!(got, expected, "log:\n{}", wb.log());
+    };
+    same();
+    // Damaged: rows lost, duplicates changed, rows the publisher never had.
+    subscriber.psql(
+        "DELETE FROM k WHERE v % 10 = 0; UPDATE k SET w = 'wrong' WHERE v % 13 = 0;
+         INSERT INTO k SELECT -g, 'junk' FROM generate_series(1, 50) g",
+    );
+    // In key order it cannot be: refused, saying what to do.
+    let asked = wb.command(&["resync", "--source", "src", "--table", "k"]);
+    assert!(
+        asked.status.success(),
+        "{}",
+        walbridge_tests::printed(&asked)
+    );
+    wb.wait_for_log("--table public.k --truncate", WAIT);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        let client = Blocking::connect(&publisher.superuser());
+        std::thread::spawn(move || {
+            let mut i = 0i64;
+            while !stop.load(Ordering::Relaxed) || i < 100 {
+                i += 1;
+                client.execute(&format!(
+                    "BEGIN; INSERT INTO k VALUES ({}, 'new'); UPDATE k SET w = 'u{i}' WHERE v = {}; DELETE FROM k WHERE v = {} AND w <> 'new'; COMMIT",
+                    i % 1000,
+                    (i * 7) % 1000,
+                    (i * 13) % 1000
+                ));
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    let asked = wb.command(&["resync", "--source", "src", "--table", "k", "--truncate"]);
+    assert!(
+        walbridge_tests::printed(&asked).contains("emptied on the targets and copied whole"),
+        "{}",
+        walbridge_tests::printed(&asked)
+    );
+    wb.wait_for_log("table copied while streaming", WAIT);
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap_or_else(|_| panic!("writer failed"));
+    same();
+    assert!(running.stop(WAIT).success(), "log:\n{}", wb.log());
+    assert!(
+        wb.log().contains("mode=\"truncate and copy\""),
+        "{}",
+        wb.log()
+    );
 }
 
 #[test]

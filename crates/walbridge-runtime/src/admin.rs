@@ -349,7 +349,8 @@ async fn metrics(State(admin): State<Arc<Admin>>) -> Response {
         .into_response()
 }
 
-/// `POST /resync?source=NAME&table=SCHEMA.TABLE`: as `walbridge resync`.
+/// `POST /resync?source=NAME&table=SCHEMA.TABLE[&sink=NAME][&truncate=true]`:
+/// as `walbridge resync`.
 async fn resync(
     State(admin): State<Arc<Admin>>,
     Query(query): Query<std::collections::HashMap<String, String>>,
@@ -357,7 +358,7 @@ async fn resync(
     let (Some(source), Some(table)) = (query.get("source"), query.get("table")) else {
         return (
             StatusCode::BAD_REQUEST,
-            "POST /resync?source=NAME&table=SCHEMA.TABLE[&sink=NAME]\n",
+            "POST /resync?source=NAME&table=SCHEMA.TABLE[&sink=NAME][&truncate=true]\n",
         )
             .into_response();
     };
@@ -373,9 +374,21 @@ async fn resync(
         return (StatusCode::NOT_FOUND, format!("{problem}\n")).into_response();
     }
     let state_dir = walbridge_source::source::state_dir(&admin.requests.data_dir, source);
+    let truncate = match query.get("truncate").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("truncate={other}: true or false\n"),
+            )
+                .into_response();
+        }
+    };
     let request = walbridge_source::backfill::ResyncRequest {
         table: table.clone(),
         sink: sink.cloned(),
+        truncate,
     };
     let only = sink
         .map(|s| format!(", for sink `{s}` only"))

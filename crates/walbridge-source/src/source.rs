@@ -706,6 +706,7 @@ impl Source {
             let request = ResyncRequest {
                 table: format!("{}.{}", table.schema, table.name),
                 sink: None,
+                truncate: false,
             };
             request_resync(&self.state_dir, &request).map_err(state_error)?;
         }

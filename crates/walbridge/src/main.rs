@@ -178,6 +178,11 @@ enum Command {
         /// Only this sink gets the rows again (the others pass over them).
         #[arg(long, value_name = "NAME")]
         sink: Option<String>,
+        /// Empty the table on the targets and copy it whole, in one unit:
+        /// for a table without a primary key or replica identity index,
+        /// which cannot be read in key order. The unit is held in memory.
+        #[arg(long)]
+        truncate: bool,
     },
     /// Set the targets' sequences to the publishers' now (for a switchover).
     ///
@@ -347,7 +352,8 @@ fn main() -> ExitCode {
                 source,
                 table,
                 sink,
-            } => resync::resync(config, source, table, sink.as_deref()),
+                truncate,
+            } => resync::resync(config, source, table, sink.as_deref(), *truncate),
             Command::SyncSequences { config } => sync_sequences::sync_sequences(config).await,
             Command::Pause { config, sink } => pause::set_paused(config, sink, true),
             Command::Resume { config, sink } => pause::set_paused(config, sink, false),

@@ -11,12 +11,14 @@ use walbridge_source::backfill::{ResyncRequest, request_resync};
 use crate::{EXIT_CONFIG, Failure, load};
 
 /// Asks source `source` of the configuration at `path` to re-synchronize
-/// `table` (`schema.table`), for every sink reading it or `sink` alone.
+/// `table` (`schema.table`), for every sink reading it or `sink` alone;
+/// with `truncate`, emptied on the targets and copied whole.
 pub fn resync(
     path: &std::path::Path,
     source: &str,
     table: &str,
     sink: Option<&str>,
+    truncate: bool,
 ) -> Result<(), Failure> {
     let config = load(path)?;
     let refuse = |error: String| Failure {
@@ -52,6 +54,7 @@ pub fn resync(
     let request = ResyncRequest {
         table: table.to_owned(),
         sink: sink.map(str::to_owned),
+        truncate,
     };
     request_resync(&state_dir, &request)
         .map_err(|e| anyhow::anyhow!("cannot ask for a re-sync in {}: {e}", state_dir.display()))?;
@@ -61,6 +64,11 @@ pub fn resync(
         ),
         None => "it starts when walbridge does".to_owned(),
     };
+    let how = if truncate {
+        "emptied on the targets and copied whole, in one unit, while changes keep streaming"
+    } else {
+        "read again in chunks while changes keep streaming"
+    };
     let who = match sink {
         Some(sink) => {
             format!("sink `{sink}` alone applies the rows (the other sinks pass over them)")
@@ -68,7 +76,7 @@ pub fn resync(
         None => "every sink applies the rows".to_owned(),
     };
     println!(
-        "re-sync of {table} requested from source `{source}`: {when}; the table is read again in chunks while changes keep streaming, and {who}, idempotently (the log says when the copy is durable)"
+        "re-sync of {table} requested from source `{source}`: {when}; the table is {how}, and {who}, idempotently (the log says when the copy is durable)"
     );
     Ok(())
 }

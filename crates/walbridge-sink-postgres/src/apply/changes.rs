@@ -145,6 +145,13 @@ impl Applier {
         match change {
             Change::Read { relation, new, .. } => {
                 let map = self.map(&relation).await?;
+                if map.upsert_key.is_none() && self.truncated.contains(&map.target.oid) {
+                    // Emptied earlier in this unit (a truncate-and-copy of a
+                    // table without a key): the rows go in as they are.
+                    return self
+                        .insert(map, new, txn, ChangeKind::Insert, InsertMode::Plain)
+                        .await;
+                }
                 if map.upsert_key.is_none() {
                     return Err(SinkError::Mapping(format!(
                         "rows of source table {} are being read while streaming (a table added to the publication, or a re-sync) and are applied as upserts, but target table {} has no primary key or unique index on the source's key: add one, then resume",
@@ -553,6 +560,7 @@ impl Applier {
                 });
             }
             names.push(map.target.display());
+            self.truncated.insert(map.target.oid);
             match &map.source_tag {
                 // The table holds other sources' rows too: remove only this source's.
                 Some((column, value)) => deletes.push(format!(

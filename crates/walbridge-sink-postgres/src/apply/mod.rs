@@ -304,6 +304,8 @@ pub struct Applier {
     missing_sequences: HashSet<String>,
     /// Inside a unit meant for another sink.
     passing: bool,
+    /// Target tables the current source transaction truncated.
+    truncated: HashSet<Oid>,
 }
 
 /// Everything an applier needs, connected.
@@ -363,6 +365,7 @@ impl Applier {
             published,
             missing_sequences: HashSet::new(),
             passing: false,
+            truncated: HashSet::new(),
         })
     }
 
@@ -478,6 +481,7 @@ impl Applier {
                     tracing::info!(sink = %self.sink, source = %self.source.name, xid = info.xid, commit_lsn = %info.commit_lsn, "applying the transaction the sink stopped on, alone");
                 }
                 self.txn = Some(info);
+                self.truncated.clear();
                 Ok(())
             }
             SourceEvent::Change(change) => self.change(change).await,

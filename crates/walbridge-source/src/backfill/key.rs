@@ -93,8 +93,9 @@ pub enum KeyPart {
 /// publisher's `ORDER BY` does.
 pub type Key = Vec<KeyPart>;
 
-/// A key as read from the publisher: comparable, and its text for SQL.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A key as read from the publisher: comparable, and its text for SQL
+/// (empty for a row of a table read whole, in no order).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReadKey {
     /// Comparable form.
     pub parts: Key,

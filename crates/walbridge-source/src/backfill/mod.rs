@@ -56,7 +56,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use walbridge_core::{Change, Datum, KeyOrder, Lsn, OldRow, ReadRange, Relation, RelationId, Row};
+use walbridge_core::{
+    Change, Datum, KeyOrder, Lsn, OldRow, ReadRange, Relation, RelationId, Row, Truncate,
+    TruncateOptions,
+};
 
 pub use key::{ChunkKey, Key, KeyPart, ReadKey, in_range};
 pub use request::{ResyncRequest, request_resync, requests};
@@ -75,6 +78,10 @@ pub enum CopyMode {
     NewTable,
     /// The table, to be re-synchronized.
     Resync,
+    /// The table, to be emptied on the targets and copied whole in one
+    /// unit (`walbridge resync --truncate`: a table without a key, which
+    /// cannot be read in key order).
+    Replace,
 }
 
 impl CopyMode {
@@ -83,6 +90,7 @@ impl CopyMode {
         match self {
             CopyMode::NewTable => "new table",
             CopyMode::Resync => "re-sync",
+            CopyMode::Replace => "truncate and copy",
         }
     }
 }
@@ -318,6 +326,15 @@ impl Copies {
         let copy = self.tables.get_mut(&chunk.oid)?;
         let window = copy.window.take_if(|w| w.id == chunk.id)?;
         let mut changes = Vec::with_capacity(chunk.rows.len() + window.kept.len() + 1);
+        if copy.mode == CopyMode::Replace {
+            // Everything the targets hold of the table goes; the rows and
+            // the window's changes the read does not show make it again.
+            changes.push(Change::Truncate(Truncate {
+                lsn: at,
+                relations: vec![chunk.relation.clone()],
+                options: TruncateOptions::default(),
+            }));
+        }
         if copy.mode == CopyMode::Resync {
             // Rows a damaged target holds in the range and the read did not
             // find go first (the window's late changes come again after).
@@ -386,6 +403,16 @@ impl Copies {
             out.push(change);
             return;
         };
+        if copy.mode == CopyMode::Replace {
+            // Every change streams; one inside the window comes again,
+            // as it was, after the unit's truncate and rows unless the read
+            // shows it.
+            if let Some(w) = &mut copy.window {
+                w.kept.push((xid, change.clone()));
+            }
+            out.push(change);
+            return;
+        }
         let fresh = copy
             .key
             .as_ref()
@@ -488,7 +515,8 @@ impl TableCopy {
         };
         let arriving = match self.mode {
             CopyMode::NewTable => Change::Insert { lsn, relation, new },
-            CopyMode::Resync => Change::Read { lsn, relation, new },
+            // (A copy that replaces the table never routes by key.)
+            CopyMode::Resync | CopyMode::Replace => Change::Read { lsn, relation, new },
         };
         self.send(to, xid, arriving, out);
     }
@@ -514,7 +542,9 @@ impl TableCopy {
 
     fn send(&mut self, place: Place, xid: u32, change: Change, out: &mut Vec<Change>) {
         match (place, self.mode) {
-            (Place::Copied, _) | (Place::Ahead, CopyMode::Resync) => out.push(change),
+            (Place::Copied, _) | (Place::Ahead, CopyMode::Resync | CopyMode::Replace) => {
+                out.push(change)
+            }
             (Place::Ahead, CopyMode::NewTable) => {}
             (Place::Window, CopyMode::NewTable) => {
                 if let Some(w) = &mut self.window {
@@ -526,7 +556,7 @@ impl TableCopy {
             // so a row the target's copy lacked comes out right. Applied
             // again over the read row, an insert is an upsert and a moved
             // row leaves and arrives whole.
-            (Place::Window, CopyMode::Resync) => {
+            (Place::Window, CopyMode::Resync | CopyMode::Replace) => {
                 let again = self.again(&change);
                 out.push(change);
                 if let Some(w) = &mut self.window {

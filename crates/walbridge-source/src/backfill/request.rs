@@ -19,6 +19,10 @@ pub struct ResyncRequest {
     /// Only this sink gets the rows; every sink when none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sink: Option<String>,
+    /// Empty the table on the targets and copy it whole, in one unit
+    /// (for a table without a key, which cannot be read in key order).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncate: bool,
 }
 
 /// Asks for `request`'s table to be re-synchronized.
@@ -61,6 +65,7 @@ pub fn requests(state_dir: &Path) -> std::io::Result<Vec<(ResyncRequest, PathBuf
         let request = serde_json::from_str(&text).unwrap_or(ResyncRequest {
             table: text,
             sink: None,
+            truncate: false,
         });
         out.push((request, path));
     }
@@ -80,6 +85,7 @@ mod tests {
             let request = ResyncRequest {
                 table: table.into(),
                 sink: sink.map(Into::into),
+                truncate: false,
             };
             request_resync(dir.path(), &request).unwrap_or_else(|e| panic!("{e}"));
         };

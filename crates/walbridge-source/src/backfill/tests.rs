@@ -322,3 +322,27 @@ fn a_resync_delivers_a_row_moving_from_unread_keys_whole() {
         vec![('u', 40)]
     );
 }
+
+#[test]
+fn a_replaced_table_is_truncated_then_read_whole_then_given_its_late_changes_as_they_were() {
+    let r = relation();
+    let mut c = copies(CopyMode::Replace);
+    // Outside the window: as it is.
+    assert_eq!(ids(&pass(&mut c, 50, insert(&r, 5, 0))), vec![('c', 5)]);
+    let (read, _told) = chunk(&mut c, 1, &r, &[(5, 0), (1, 1)], None);
+    // In the window, every change streams; those the read does not show
+    // (xid 100 and up) come again after the rows, unchanged.
+    assert_eq!(ids(&pass(&mut c, 90, update(&r, 1, 1, 9))), vec![('u', 1)]);
+    assert_eq!(ids(&pass(&mut c, 120, insert(&r, 8, 8))), vec![('c', 8)]);
+    assert_eq!(ids(&pass(&mut c, 121, delete(&r, 5))), vec![('d', 5)]);
+    let unit = c.high(read, Lsn(500)).unwrap_or_else(|| panic!("no unit"));
+    let Some(Change::Truncate(truncate)) = unit.changes.first() else {
+        panic!("no truncate first: {:?}", unit.changes.first());
+    };
+    assert_eq!(truncate.relations.len(), 1);
+    assert_eq!(
+        ids(&unit.changes[1..]),
+        vec![('r', 5), ('r', 1), ('c', 8), ('d', 5)]
+    );
+    assert!(unit.up_to.is_none(), "one unit: the copy is complete");
+}

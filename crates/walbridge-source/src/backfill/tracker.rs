@@ -281,7 +281,11 @@ impl Tracker {
     ) -> Result<(), TrackerError> {
         let state_error = |e| TrackerError::State(self.state_dir.clone(), e);
         for (asked, request) in requests(&self.state_dir).map_err(state_error)? {
-            let ResyncRequest { table: asked, sink } = asked;
+            let ResyncRequest {
+                table: asked,
+                sink,
+                truncate,
+            } = asked;
             let qualified = if asked.contains('.') {
                 asked.clone()
             } else {
@@ -298,7 +302,11 @@ impl Tracker {
                         StoredCopy {
                             oid: t.oid,
                             table,
-                            mode: CopyMode::Resync,
+                            mode: if truncate {
+                                CopyMode::Replace
+                            } else {
+                                CopyMode::Resync
+                            },
                             after: None,
                             marks: Vec::new(),
                             sink,

@@ -167,13 +167,19 @@ impl Worker {
                     .await
                     .map_err(|e| Trouble::from_catalog(&job.table, e))?,
             );
-            let Some(key) = ChunkKey::of(&relation) else {
+            // Replacing the table reads it whole, in no order: one chunk.
+            let whole = job.mode == CopyMode::Replace;
+            let key = ChunkKey::of(&relation).filter(|_| !whole);
+            if key.is_none() && !whole {
                 return Err(Trouble::Table(format!(
-                    "table {} has neither a primary key nor a replica identity index, so it cannot be copied in key order while streaming: add a primary key, then run `walbridge resync --source {source} --table {}`",
-                    job.table, job.table
+                    "table {} has neither a primary key nor a replica identity index, so it cannot be copied in key order while streaming: add a primary key, then run `walbridge resync --source {source} --table {}`; or have it emptied on the targets and copied whole, in one unit: `walbridge resync --source {source} --table {} --truncate`",
+                    job.table, job.table, job.table
                 )));
-            };
-            if self.config.binary && !key.binary_comparable() {
+            }
+            if let Some(key) = &key
+                && self.config.binary
+                && !key.binary_comparable()
+            {
                 return Err(Trouble::Table(format!(
                     "table {}: with binary = true, copying while streaming needs a key of integers, uuids or text; set binary = false on source `{source}` to copy it",
                     job.table
@@ -190,10 +196,13 @@ impl Worker {
             let from = Source {
                 table: &table,
                 relation: &relation,
-                key: &key,
+                key: key.as_ref(),
                 partitioned,
             };
-            let up_to = self.upper_bound(client, &from, after.as_ref()).await?;
+            let up_to = match &key {
+                Some(key) => self.upper_bound(client, &from, key, after.as_ref()).await?,
+                None => None,
+            };
             let id = self.next_id;
             self.next_id = self.next_id.wrapping_add(1);
             self.send(WorkerEvent::Opening(Opening {
@@ -214,7 +223,7 @@ impl Worker {
                 rows,
                 snapshot,
                 up_to: up_to.clone(),
-                key: key.ordered(),
+                key: key.as_ref().map(ChunkKey::ordered).unwrap_or_default(),
                 done,
             }))?;
             watermark(client, "high", id, &job.table).await?;
@@ -252,10 +261,10 @@ impl Worker {
         &self,
         client: &Client,
         from: &Source<'_>,
+        key: &ChunkKey,
         after: Option<&ReadKey>,
     ) -> Result<Option<ReadKey>, Trouble> {
-        let columns: Vec<String> = from
-            .key
+        let columns: Vec<String> = key
             .columns
             .iter()
             .map(|&i| format!("({})::text", from.column(i)))
@@ -265,7 +274,7 @@ impl Worker {
             columns.join(", "),
             from.relation_sql(),
             from.conditions(after, None),
-            from.key.order_by(),
+            key.order_by(),
             self.config.backfill_chunk_rows.max(1) - 1
         );
         let rows = simple_rows(client, &sql, &from.table.quoted_name()).await?;
@@ -279,14 +288,12 @@ impl Worker {
                 _ => None,
             })
             .collect::<Option<Vec<String>>>();
-        text.and_then(|t| from.key.parse(&t))
-            .map(Some)
-            .ok_or_else(|| {
-                Trouble::Table(format!(
-                    "table {}: a key value could not be read",
-                    from.table.quoted_name()
-                ))
-            })
+        text.and_then(|t| key.parse(&t)).map(Some).ok_or_else(|| {
+            Trouble::Table(format!(
+                "table {}: a key value could not be read",
+                from.table.quoted_name()
+            ))
+        })
     }
 
     /// Waits until the transactions running when the low watermark was
@@ -361,7 +368,8 @@ struct Source<'a> {
     table: &'a PublishedTable,
     /// The published columns, as the stream describes them.
     relation: &'a walbridge_core::Relation,
-    key: &'a ChunkKey,
+    /// None: the table is read whole, in no order.
+    key: Option<&'a ChunkKey>,
     partitioned: bool,
 }
 
@@ -393,11 +401,9 @@ impl Source<'_> {
     /// ` WHERE …`: the chunk's range and the publication's row filter.
     fn conditions(&self, after: Option<&ReadKey>, up_to: Option<&ReadKey>) -> String {
         let mut conditions: Vec<String> = Vec::new();
-        if let Some(a) = after {
-            conditions.push(self.key.after(a));
-        }
-        if let Some(u) = up_to {
-            conditions.push(self.key.up_to(u));
+        if let Some(key) = self.key {
+            conditions.extend(after.map(|a| key.after(a)));
+            conditions.extend(up_to.map(|u| key.up_to(u)));
         }
         if let Some(filter) = &self.table.row_filter {
             conditions.push(format!("({filter})"));
@@ -449,19 +455,22 @@ async fn read_chunk(
         let snapshot = PgSnapshot::parse(&text)
             .ok_or_else(|| Trouble::Table(format!("unexpected snapshot {text:?}")))?;
         let sql = format!(
-            "SELECT {} FROM {}{} ORDER BY {}",
+            "SELECT {} FROM {}{}{}",
             from.columns(),
             from.relation_sql(),
             from.conditions(after, up_to),
-            from.key.order_by()
+            from.key
+                .map(|k| format!(" ORDER BY {}", k.order_by()))
+                .unwrap_or_default()
         );
         let rows = simple_rows(client, &sql, &table).await?;
         let keyed = rows
             .into_iter()
-            .map(|row| {
-                from.key.read_key(&row).map(|k| (k, row)).ok_or_else(|| {
+            .map(|row| match from.key {
+                Some(key) => key.read_key(&row).map(|k| (k, row)).ok_or_else(|| {
                     Trouble::Table(format!("table {table}: a key value could not be read"))
-                })
+                }),
+                None => Ok((ReadKey::default(), row)),
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok((snapshot, keyed))
