@@ -375,7 +375,11 @@ impl Session {
         let Some(membership) = &mut self.membership else {
             return Ok(Go::Read);
         };
+        // Subscribed before looking, so a change in between still wakes
+        // us (an acknowledgement emptying the flow after the look would
+        // otherwise hold the rebalance up to REBALANCE_TIMEOUT).
         let mut changed = membership.groups.subscribe();
+        let mut flow_changed = self.flow.changed.subscribe();
         let deadline = match membership
             .groups
             .turn(&membership.consumer, membership.member)
@@ -408,7 +412,6 @@ impl Session {
             // The others are draining; a member that leaves wakes us too.
             Turn::Wait => Instant::now() + REBALANCE_TIMEOUT,
         };
-        let mut flow_changed = self.flow.changed.subscribe();
         let cancel = &mut self.cancel;
         runtime.block_on(async {
             tokio::select! {
