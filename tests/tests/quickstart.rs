@@ -41,7 +41,19 @@ fn processes_using(path: &Path) -> Vec<String> {
 
 fn stop_quickstart(moment: Moment, signal: i32, whole_group: bool) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/quickstart.sh");
-    let mut child = Command::new("bash")
+    let mut command = Command::new("bash");
+    // As from a terminal: a process started in the background by a
+    // non-interactive shell (a CI step, a test runner) has SIGINT ignored,
+    // which its children inherit and a shell cannot trap again — the
+    // script would sleep through Ctrl-C.
+    // SAFETY: signal(2) is async-signal-safe, as pre_exec requires.
+    unsafe {
+        command.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut child = command
         .arg(&script)
         .env("WALBRIDGE_BIN", binary())
         .env("WALBRIDGE_ADMIN_LISTEN", "127.0.0.1:0")
