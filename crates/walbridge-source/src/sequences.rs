@@ -5,6 +5,8 @@
 //! (`pg_sequences.last_value` counts what sessions cached), so handing it
 //! on ahead of the stream is safe for consumers that never go backwards.
 
+use std::collections::HashMap;
+
 use tokio_postgres::Client;
 use walbridge_core::{PgTimestamp, SequenceValue, SequenceValues};
 
@@ -64,18 +66,20 @@ pub async fn read_sequences(
     })
 }
 
-/// The sequences last handed on, to hand them on again only when one
-/// moved (a quiet database's log does not fill with the same values).
+/// The sequences' values last handed on, to hand on only those that
+/// moved since (a quiet database's log does not fill with the same
+/// values; a sink sets a thousand sequences only when they all move).
 #[derive(Default)]
 pub struct SequenceReader {
-    last: Option<Vec<SequenceValue>>,
+    last: HashMap<(String, String), i64>,
     failing: Option<String>,
 }
 
 impl SequenceReader {
-    /// Reads the sequences; `Some` when they differ from those handed on
-    /// last. A failed read is logged (once until it works again) and
-    /// skipped: streaming goes on.
+    /// Reads the sequences; `Some` with those whose value differs from
+    /// the one handed on last (all of them the first time). A failed read
+    /// is logged (once until it works again) and skipped: streaming goes
+    /// on.
     pub async fn moved(
         &mut self,
         source: &str,
@@ -84,15 +88,15 @@ impl SequenceReader {
         lsn: walbridge_core::Lsn,
     ) -> Option<SequenceValues> {
         match read_sequences(client, publications, lsn).await {
-            Ok(values) => {
+            Ok(mut values) => {
                 if self.failing.take().is_some() {
                     tracing::info!(source, "sequences are read again");
                 }
-                if self.last.as_ref() == Some(&values.sequences) {
-                    return None;
-                }
-                self.last = Some(values.sequences.clone());
-                Some(values)
+                values.sequences.retain(|s| {
+                    let name = (s.schema.clone(), s.name.clone());
+                    self.last.insert(name, s.last_value) != Some(s.last_value)
+                });
+                (!values.sequences.is_empty()).then_some(values)
             }
             Err(e) => {
                 let text = e.to_string();

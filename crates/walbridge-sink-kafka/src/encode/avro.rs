@@ -468,28 +468,24 @@ impl AvroEncoder {
         source: &SourceBlock<'_>,
         sequence: &SequenceValue,
     ) -> Result<Vec<u8>, SinkError> {
-        let mut out = self
-            .fixed(topic, false, "SequenceValue", || {
-                json!([
-                    {"name": "op", "type": "string"},
-                    {"name": "ts_ms", "type": "long"},
-                    {"name": "ts_us", "type": "long"},
-                    {"name": "source", "type": source_schema()},
-                    {"name": "sequence", "type": {"type": "record", "name": "Sequence",
-                        "namespace": "walbridge", "fields": [
-                        {"name": "schema", "type": "string"}, {"name": "name", "type": "string"},
-                        {"name": "last_value", "type": "long"}]}}])
-            })
-            .await?;
-        let now = PgTimestamp::now().unix_micros();
-        write_bytes(&mut out, b"q");
-        write_long(&mut out, now.div_euclid(1000));
-        write_long(&mut out, now);
-        write_source(&mut out, source);
-        write_bytes(&mut out, sequence.schema.as_bytes());
-        write_bytes(&mut out, sequence.name.as_bytes());
-        write_long(&mut out, sequence.last_value);
-        Ok(out)
+        let inner = || {
+            json!({"type": "record", "name": "Sequence", "namespace": "walbridge", "fields": [
+                {"name": "schema", "type": "string"}, {"name": "name", "type": "string"},
+                {"name": "last_value", "type": "long"}]})
+        };
+        self.side_event(
+            topic,
+            "SequenceValue",
+            b"q",
+            source,
+            ("sequence", inner),
+            |out| {
+                write_bytes(out, sequence.schema.as_bytes());
+                write_bytes(out, sequence.name.as_bytes());
+                write_long(out, sequence.last_value);
+            },
+        )
+        .await
     }
 
     /// A logical decoding message event.
@@ -499,25 +495,54 @@ impl AvroEncoder {
         source: &SourceBlock<'_>,
         message: &LogicalMessage,
     ) -> Result<Vec<u8>, SinkError> {
+        let inner = || {
+            json!({"type": "record", "name": "Message",
+                "namespace": "io.debezium.connector.postgresql", "fields": [
+                {"name": "prefix", "type": "string"}, {"name": "content", "type": "bytes"}]})
+        };
+        self.side_event(
+            topic,
+            "MessageValue",
+            b"m",
+            source,
+            ("message", inner),
+            |out| {
+                write_bytes(out, message.prefix.as_bytes());
+                write_bytes(out, &message.content);
+            },
+        )
+        .await
+    }
+
+    /// An event beside the tables' change events (a message, a
+    /// sequence), record `record`: `op`, the times, the source, and under
+    /// `name` the event's own record (`inner`: its schema), written by
+    /// `write_inner`.
+    async fn side_event(
+        &mut self,
+        topic: &str,
+        record: &'static str,
+        op: &[u8],
+        source: &SourceBlock<'_>,
+        (name, inner): (&str, impl FnOnce() -> Value),
+        write_inner: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<Vec<u8>, SinkError> {
         let mut out = self
-            .fixed(topic, false, "MessageValue", || {
+            .fixed(topic, false, record, || {
                 json!([
                     {"name": "op", "type": "string"},
                     {"name": "ts_ms", "type": "long"},
                     {"name": "ts_us", "type": "long"},
                     {"name": "source", "type": source_schema()},
-                    {"name": "message", "type": {"type": "record", "name": "Message",
-                        "namespace": "io.debezium.connector.postgresql", "fields": [
-                        {"name": "prefix", "type": "string"}, {"name": "content", "type": "bytes"}]}}])
+                    {"name": name, "type": inner()}])
             })
             .await?;
         let now = PgTimestamp::now().unix_micros();
-        write_bytes(&mut out, b"m");
+        write_bytes(&mut out, op);
         write_long(&mut out, now.div_euclid(1000));
         write_long(&mut out, now);
         write_source(&mut out, source);
-        write_bytes(&mut out, message.prefix.as_bytes());
-        write_bytes(&mut out, &message.content);
+        write_inner(&mut out);
         Ok(out)
     }
 }

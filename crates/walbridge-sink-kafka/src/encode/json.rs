@@ -271,39 +271,23 @@ impl JsonEncoder {
         source: &SourceBlock<'_>,
         sequence: &SequenceValue,
     ) -> Vec<u8> {
-        let now = PgTimestamp::now().unix_micros();
-        self.framed(
-            || {
-                struct_schema(
-                    &format!("{topic}.SequenceValue"),
-                    false,
-                    vec![
-                        field("op", "string", false),
-                        field("ts_ms", "int64", false),
-                        field("ts_us", "int64", false),
-                        named_field(source_schema(), "source"),
-                        named_field(
-                            struct_schema(
-                                "walbridge.Sequence",
-                                false,
-                                vec![
-                                    field("schema", "string", false),
-                                    field("name", "string", false),
-                                    field("last_value", "int64", false),
-                                ],
-                            ),
-                            "sequence",
-                        ),
-                    ],
-                )
-            },
-            &json!({
-                "op": "q",
-                "ts_ms": now.div_euclid(1000),
-                "ts_us": now,
-                "source": SourceJson::from(source),
-                "sequence": {"schema": sequence.schema, "name": sequence.name, "last_value": sequence.last_value},
-            }),
+        let inner = || {
+            struct_schema(
+                "walbridge.Sequence",
+                false,
+                vec![
+                    field("schema", "string", false),
+                    field("name", "string", false),
+                    field("last_value", "int64", false),
+                ],
+            )
+        };
+        self.side_event(
+            &format!("{topic}.SequenceValue"),
+            "q",
+            source,
+            ("sequence", inner),
+            json!({"schema": sequence.schema, "name": sequence.name, "last_value": sequence.last_value}),
         )
     }
 
@@ -314,38 +298,59 @@ impl JsonEncoder {
         source: &SourceBlock<'_>,
         message: &LogicalMessage,
     ) -> Vec<u8> {
+        let inner = || {
+            struct_schema(
+                "io.debezium.connector.postgresql.Message",
+                false,
+                vec![
+                    field("prefix", "string", false),
+                    field("content", "bytes", false),
+                ],
+            )
+        };
+        self.side_event(
+            &format!("{topic}.MessageValue"),
+            "m",
+            source,
+            ("message", inner),
+            json!({"prefix": message.prefix, "content": BASE64.encode(&message.content)}),
+        )
+    }
+
+    /// An event beside the tables' change events (a message, a sequence):
+    /// `op`, the times, the source, and under `name` the event's own
+    /// struct (`inner`: its schema), named `record` with its schema.
+    fn side_event(
+        &self,
+        record: &str,
+        op: &str,
+        source: &SourceBlock<'_>,
+        (name, inner): (&str, impl FnOnce() -> Value),
+        payload: Value,
+    ) -> Vec<u8> {
         let now = PgTimestamp::now().unix_micros();
+        let mut event = json!({
+            "op": op,
+            "ts_ms": now.div_euclid(1000),
+            "ts_us": now,
+            "source": SourceJson::from(source),
+        });
+        event[name] = payload;
         self.framed(
             || {
                 struct_schema(
-                    &format!("{topic}.MessageValue"),
+                    record,
                     false,
                     vec![
                         field("op", "string", false),
                         field("ts_ms", "int64", false),
                         field("ts_us", "int64", false),
                         named_field(source_schema(), "source"),
-                        named_field(
-                            struct_schema(
-                                "io.debezium.connector.postgresql.Message",
-                                false,
-                                vec![
-                                    field("prefix", "string", false),
-                                    field("content", "bytes", false),
-                                ],
-                            ),
-                            "message",
-                        ),
+                        named_field(inner(), name),
                     ],
                 )
             },
-            &json!({
-                "op": "m",
-                "ts_ms": now.div_euclid(1000),
-                "ts_us": now,
-                "source": SourceJson::from(source),
-                "message": {"prefix": message.prefix, "content": BASE64.encode(&message.content)},
-            }),
+            &event,
         )
     }
 }

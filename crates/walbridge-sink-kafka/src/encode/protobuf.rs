@@ -689,34 +689,20 @@ impl ProtobufEncoder {
         source: &SourceBlock<'_>,
         sequence: &SequenceValue,
     ) -> Result<Vec<u8>, SinkError> {
-        let value = "message SequenceValue {
-  string op = 1;
-  int64 ts_ms = 2;
-  int64 ts_us = 3;
-  Source source = 4;
-  Sequence sequence = 5;
-}
-";
-        let content = "message Sequence {\n  string schema = 1;\n  string name = 2;\n  int64 last_value = 3;\n}\n";
-        let mut out = self
-            .fixed(
-                topic,
-                false,
-                "SequenceValue",
-                &[value, SOURCE_MESSAGE, content],
-            )
-            .await?;
-        let now = PgTimestamp::now().unix_micros();
-        write_len(&mut out, 1, b"q");
-        write_int(&mut out, 2, now.div_euclid(1000));
-        write_int(&mut out, 3, now);
-        write_source(&mut out, 4, source);
-        write_message(&mut out, 5, |m| {
-            write_len(m, 1, sequence.schema.as_bytes());
-            write_len(m, 2, sequence.name.as_bytes());
-            write_int(m, 3, sequence.last_value);
-        });
-        Ok(out)
+        let inner = "message Sequence {\n  string schema = 1;\n  string name = 2;\n  int64 last_value = 3;\n}\n";
+        self.side_event(
+            topic,
+            "SequenceValue",
+            b"q",
+            source,
+            ("Sequence", "sequence", inner),
+            |m| {
+                write_len(m, 1, sequence.schema.as_bytes());
+                write_len(m, 2, sequence.name.as_bytes());
+                write_int(m, 3, sequence.last_value);
+            },
+        )
+        .await
     }
 
     /// A logical decoding message event.
@@ -726,32 +712,46 @@ impl ProtobufEncoder {
         source: &SourceBlock<'_>,
         message: &LogicalMessage,
     ) -> Result<Vec<u8>, SinkError> {
-        let value = "message MessageValue {
-  string op = 1;
-  int64 ts_ms = 2;
-  int64 ts_us = 3;
-  Source source = 4;
-  Message message = 5;
-}
-";
-        let content = "message Message {\n  string prefix = 1;\n  bytes content = 2;\n}\n";
+        let inner = "message Message {\n  string prefix = 1;\n  bytes content = 2;\n}\n";
+        self.side_event(
+            topic,
+            "MessageValue",
+            b"m",
+            source,
+            ("Message", "message", inner),
+            |m| {
+                write_len(m, 1, message.prefix.as_bytes());
+                write_len(m, 2, &message.content);
+            },
+        )
+        .await
+    }
+
+    /// An event beside the tables' change events (a message, a
+    /// sequence), message `record`: `op`, the times, the source, and field
+    /// `name` of the event's own message type (`inner`: its definition),
+    /// written by `write_inner`.
+    async fn side_event(
+        &mut self,
+        topic: &str,
+        record: &'static str,
+        op: &[u8],
+        source: &SourceBlock<'_>,
+        (inner_type, name, inner): (&str, &str, &str),
+        write_inner: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<Vec<u8>, SinkError> {
+        let value = format!(
+            "message {record} {{\n  string op = 1;\n  int64 ts_ms = 2;\n  int64 ts_us = 3;\n  Source source = 4;\n  {inner_type} {name} = 5;\n}}\n"
+        );
         let mut out = self
-            .fixed(
-                topic,
-                false,
-                "MessageValue",
-                &[value, SOURCE_MESSAGE, content],
-            )
+            .fixed(topic, false, record, &[&value, SOURCE_MESSAGE, inner])
             .await?;
         let now = PgTimestamp::now().unix_micros();
-        write_len(&mut out, 1, b"m");
+        write_len(&mut out, 1, op);
         write_int(&mut out, 2, now.div_euclid(1000));
         write_int(&mut out, 3, now);
         write_source(&mut out, 4, source);
-        write_message(&mut out, 5, |m| {
-            write_len(m, 1, message.prefix.as_bytes());
-            write_len(m, 2, &message.content);
-        });
+        write_message(&mut out, 5, write_inner);
         Ok(out)
     }
 }
