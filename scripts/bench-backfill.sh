@@ -8,12 +8,12 @@
 # other, on one machine, in one run, into the same subscriber cluster;
 # idle, and with pgbench writing RATE transactions/s meanwhile.
 #
-#   scripts/bench-backfill.sh
-#   RATE=500 CHUNK=8192 scripts/bench-backfill.sh
+#   scripts/bench-backfill.sh                  # walbridge's default chunks
+#   RATE=500 CHUNK=8192 scripts/bench-backfill.sh   # backfill_chunk_rows = 8192
 set -euo pipefail
 source "$(dirname "$0")/bench-common.sh"
 rate=${RATE:-300}
-chunk=${CHUNK:-4096}
+chunk=${CHUNK:-}
 
 build_walbridge
 start_postgres "max_wal_senders = 20" "max_replication_slots = 20"
@@ -34,7 +34,8 @@ write_pg_sink_config wb
 python3 - "$work/wb/config.toml" "$chunk" <<'PY'
 import sys
 path, chunk = sys.argv[1], sys.argv[2]
-text = open(path).read().replace('publications = ["bench_pub"]', f'publications = ["bench_pub"]\nbackfill_chunk_rows = {chunk}\nrefresh_interval = 1')
+rows = f'\nbackfill_chunk_rows = {chunk}' if chunk else ''
+text = open(path).read().replace('publications = ["bench_pub"]', f'publications = ["bench_pub"]{rows}\nrefresh_interval = 1')
 open(path, "w").write(text)
 PY
 
@@ -73,7 +74,7 @@ for load in idle "${rate} tx/s"; do
   until_sub wb "(SELECT count(*) FROM pgbench_accounts) = 1000000"
   walbridge=$(elapsed "$start")
   [ -n "$writer" ] && kill "$writer" 2>/dev/null; wait "$writer" 2>/dev/null || true
-  echo "a 1,000,000-row table added to the publication ($load): native ${native}s, walbridge ${walbridge}s ($(python3 -c "print(f'{1000000/$walbridge:,.0f}')") rows/s, ${chunk}-row chunks)"
+  echo "a 1,000,000-row table added to the publication ($load): native ${native}s, walbridge ${walbridge}s ($(python3 -c "print(f'{1000000/$walbridge:,.0f}')") rows/s, chunks: ${chunk:-default})"
   kill -TERM "$wb_pid"; wait "$wb_pid" || true; wb_pid=
   sub native -c "DROP SUBSCRIPTION native_sub" >/dev/null
 done

@@ -515,6 +515,42 @@ fn a_table_without_a_key_is_emptied_and_copied_whole_when_asked_to_truncate() {
 }
 
 #[test]
+fn wide_rows_are_copied_in_chunks_that_fit_backfill_chunk_bytes() {
+    let pg = Cluster::start();
+    pg.psql(
+        "CREATE TABLE t (id int PRIMARY KEY, pad text);
+         INSERT INTO t SELECT g, repeat(md5(g::text), 3125) FROM generate_series(1, 50) g;
+         CREATE PUBLICATION pub FOR TABLE t",
+    );
+    let wb = Deployment::new();
+    // About 100 kB a row: 10 rows to a 1 MiB chunk, not the 32768 rows.
+    wb.configure(
+        &pg,
+        "postgres",
+        "pub",
+        "backfill_chunk_bytes = \"1MiB\"\nrefresh_interval = 1",
+    );
+    let running = wb.start();
+    wb.wait_for_lines(50, WAIT);
+    let asked = wb.command(&["resync", "--source", "src", "--table", "t"]);
+    assert!(
+        asked.status.success(),
+        "{}",
+        walbridge_tests::printed(&asked)
+    );
+    wb.wait_for_log("table copied while streaming", WAIT);
+    let log = wb.log();
+    assert!(log.contains("copying in chunks of 10 rows"), "{log}");
+    let lines = wb.wait_for_lines(100, WAIT);
+    let reads: Vec<i64> = lines[50..]
+        .iter()
+        .filter_map(|l| l["after"]["id"].as_i64())
+        .collect();
+    assert_eq!(reads, (1..=50).collect::<Vec<_>>());
+    assert!(running.stop(WAIT).success(), "log:\n{}", wb.log());
+}
+
+#[test]
 fn a_lost_slot_with_recopy_is_created_again_and_every_table_copied_again() {
     let (publisher, subscriber, wb) = replicating_from(
         Cluster::builder()

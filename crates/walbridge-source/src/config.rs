@@ -53,7 +53,11 @@ fn default_status_interval() -> u64 {
 }
 
 fn default_backfill_chunk_rows() -> u64 {
-    4096
+    32_768
+}
+
+fn default_backfill_chunk_bytes() -> ByteSize {
+    ByteSize(32 << 20)
 }
 
 /// One PostgreSQL database to replicate from.
@@ -132,11 +136,16 @@ pub struct SourceConfig {
     /// alive. Off unless set; the messages are not passed downstream.
     #[serde(default)]
     pub heartbeat_interval: Option<u64>,
-    /// Rows per chunk when a table is copied while streaming (a table
-    /// added to the publication, a re-sync; default 4096): the rows of one
-    /// chunk are held in memory, and writers wait for nothing.
+    /// Rows per chunk at most when a table is copied while streaming (a
+    /// table added to the publication, a re-sync; default 32768): the rows
+    /// of one chunk are held in memory, and writers wait for nothing.
     #[serde(default = "default_backfill_chunk_rows")]
     pub backfill_chunk_rows: u64,
+    /// … and about this many bytes at most (default 32 MiB), by the
+    /// table's average row size sampled when its copy starts: wide rows
+    /// make smaller chunks.
+    #[serde(default = "default_backfill_chunk_bytes")]
+    pub backfill_chunk_bytes: ByteSize,
     /// Seconds between two readings of the publications' tables, to find
     /// tables added (their rows are then copied, if `copy_data`) or
     /// removed (default 10). A table's first change is noticed at once.
@@ -218,6 +227,12 @@ impl SourceConfig {
             problems.push(format!(
                 "{}: must be at least 1 second (leave it out to turn heartbeats off)",
                 at("heartbeat_interval")
+            ));
+        }
+        if self.backfill_chunk_bytes.0 == 0 {
+            problems.push(format!(
+                "{}: must be at least 1",
+                at("backfill_chunk_bytes")
             ));
         }
         if self.backfill_chunk_rows == 0 {

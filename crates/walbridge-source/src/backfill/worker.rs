@@ -152,6 +152,7 @@ impl Worker {
         let mut after = job.after;
         let mut types = TypeCatalog::new();
         let mut rows_copied = 0u64;
+        let mut chunk_rows = None;
         let mut last_report = tokio::time::Instant::now();
         tracing::info!(source = %source, table = %job.table, mode = job.mode.as_str(), resuming = after.is_some(), "copying the table while streaming");
         loop {
@@ -199,8 +200,19 @@ impl Worker {
                 key: key.as_ref(),
                 partitioned,
             };
+            let chunk_rows = match chunk_rows {
+                Some(rows) => rows,
+                None => {
+                    let rows = self.chunk_rows(client, &from).await?;
+                    tracing::info!(source = %source, table = %job.table, "copying in chunks of {rows} rows");
+                    *chunk_rows.insert(rows)
+                }
+            };
             let up_to = match &key {
-                Some(key) => self.upper_bound(client, &from, key, after.as_ref()).await?,
+                Some(key) => {
+                    self.upper_bound(client, &from, key, after.as_ref(), chunk_rows)
+                        .await?
+                }
                 None => None,
             };
             let id = self.next_id;
@@ -255,14 +267,36 @@ impl Worker {
             .map_err(|_| Trouble::Connection("the stream stopped".into()))
     }
 
-    /// The key `backfill_chunk_rows` rows after `after`; none when fewer
-    /// remain (the chunk then reads to the end).
+    /// Rows per chunk for `from`: `backfill_chunk_rows`, fewer when that
+    /// many would pass `backfill_chunk_bytes` by the average size of a
+    /// sample of its rows (as the read returns them: text).
+    async fn chunk_rows(&self, client: &Client, from: &Source<'_>) -> Result<u64, Trouble> {
+        let sql = format!(
+            "SELECT coalesce(avg(octet_length(s::text)), 0)::int8 FROM (SELECT {} FROM {} LIMIT 1000) s",
+            from.columns(),
+            from.relation_sql()
+        );
+        let table = from.table.quoted_name();
+        let width: i64 = client
+            .query_one(&sql, &[])
+            .await
+            .map_err(|e| Trouble::query(&table, &e))?
+            .get(0);
+        let limit = self.config.backfill_chunk_rows.max(1);
+        let by_bytes =
+            self.config.backfill_chunk_bytes.0 / u64::try_from(width.max(1)).unwrap_or(1);
+        Ok(limit.min(by_bytes.max(1)))
+    }
+
+    /// The key `rows` rows after `after`; none when fewer remain (the
+    /// chunk then reads to the end).
     async fn upper_bound(
         &self,
         client: &Client,
         from: &Source<'_>,
         key: &ChunkKey,
         after: Option<&ReadKey>,
+        rows: u64,
     ) -> Result<Option<ReadKey>, Trouble> {
         let columns: Vec<String> = key
             .columns
@@ -275,7 +309,7 @@ impl Worker {
             from.relation_sql(),
             from.conditions(after, None),
             key.order_by(),
-            self.config.backfill_chunk_rows.max(1) - 1
+            rows.max(1) - 1
         );
         let rows = simple_rows(client, &sql, &from.table.quoted_name()).await?;
         let Some(row) = rows.into_iter().next() else {
