@@ -196,42 +196,44 @@ fn cut_torn_line(file: &File) -> std::io::Result<()> {
 #[derive(Default)]
 struct SourceCursor {
     transaction: Option<Arc<TransactionInfo>>,
-    tables: HashMap<RelationId, (Arc<Relation>, Vec<ColumnShape>)>,
+    tables: Tables,
 }
 
-impl SourceCursor {
-    /// Records `relation` as the one `lsn` is written with; a line first
-    /// when its columns differ from the one written before.
-    fn describe(
-        &mut self,
-        encoder: &Encoder,
-        out: &mut Vec<u8>,
-        at: &Position<'_>,
-        relation: &Arc<Relation>,
-        lsn: Lsn,
-    ) {
-        let shapes = match self.tables.get(&relation.id) {
-            Some((known, _)) if Arc::ptr_eq(known, relation) || **known == **relation => return,
-            Some((_, shapes)) => shapes,
-            None => {
-                self.seen(relation);
-                return;
-            }
-        };
-        let carried = carry_attnums(Some(shapes), relation);
-        let described = carried.as_ref().unwrap_or(relation);
-        let changes = column_changes(shapes, described);
-        if !changes.is_empty() {
-            encoder.schema_change(out, at, described, &changes, lsn);
-        }
-        let shapes = ColumnShape::all_of(described);
-        self.tables.insert(relation.id, (relation.clone(), shapes));
-    }
+/// Each table's descriptor last written, with its columns' shapes.
+type Tables = HashMap<RelationId, (Arc<Relation>, Vec<ColumnShape>)>;
 
-    fn seen(&mut self, relation: &Arc<Relation>) {
-        let shapes = ColumnShape::all_of(relation);
-        self.tables.insert(relation.id, (relation.clone(), shapes));
+/// Records `relation` as the one `lsn` is written with; a line first when
+/// its columns differ from the one written before.
+fn describe(
+    tables: &mut Tables,
+    encoder: &Encoder,
+    out: &mut Vec<u8>,
+    at: &Position<'_>,
+    relation: &Arc<Relation>,
+    lsn: Lsn,
+) {
+    let shapes = match tables.get(&relation.id) {
+        Some((known, _)) if Arc::ptr_eq(known, relation) || **known == **relation => return,
+        Some((_, shapes)) => shapes,
+        None => {
+            seen(tables, relation);
+            return;
+        }
+    };
+    let carried = carry_attnums(Some(shapes), relation);
+    let described = carried.as_ref().unwrap_or(relation);
+    let changes = column_changes(shapes, described);
+    if !changes.is_empty() {
+        encoder.schema_change(out, at, described, &changes, lsn);
     }
+    let shapes = ColumnShape::all_of(described);
+    tables.insert(relation.id, (relation.clone(), shapes));
+}
+
+/// Records `relation` as a table's descriptor, with no line.
+fn seen(tables: &mut Tables, relation: &Arc<Relation>) {
+    let shapes = ColumnShape::all_of(relation);
+    tables.insert(relation.id, (relation.clone(), shapes));
 }
 
 /// What the sink stores next to its positions (`consumer` in the cursor).
@@ -418,6 +420,15 @@ struct NextCursor {
     positions: HashMap<String, LogPosition>,
 }
 
+/// Where an event outside any transaction is: its source.
+fn outside(source: &SourceContext) -> Position<'_> {
+    Position {
+        source: &source.name,
+        database: &source.database,
+        transaction: None,
+    }
+}
+
 fn write_event(
     sink: &str,
     encoder: &Encoder,
@@ -428,12 +439,8 @@ fn write_event(
 ) -> Result<(), JsonlError> {
     match event {
         SourceEvent::Snapshot(batch) => {
-            cursor.seen(&batch.relation);
-            let at = Position {
-                source: &source.name,
-                database: &source.database,
-                transaction: None,
-            };
+            seen(&mut cursor.tables, &batch.relation);
+            let at = outside(source);
             for row in batch.rows.rows(batch.relation.columns.len()) {
                 let row = row.map_err(|source| JsonlError::Rows {
                     table: format!("{}.{}", batch.relation.schema, batch.relation.name),
@@ -445,7 +452,10 @@ fn write_event(
         SourceEvent::SnapshotComplete { .. } => {}
         SourceEvent::Begin(info) => cursor.transaction = Some(info),
         SourceEvent::Change(change) => {
-            let transaction = cursor.transaction.clone();
+            let SourceCursor {
+                transaction,
+                tables,
+            } = cursor;
             // A unit for another sink (`resync --sink`): nothing of it.
             if transaction.as_ref().is_some_and(|t| t.passes_over(sink)) {
                 return Ok(());
@@ -460,27 +470,13 @@ fn write_event(
             | Change::Delete { relation, .. }
             | Change::Read { relation, .. } = &change
             {
-                cursor.describe(encoder, out, &at, relation, change.lsn());
+                describe(tables, encoder, out, &at, relation, change.lsn());
             }
             encoder.change(out, &at, &change);
         }
         SourceEvent::Commit(_) => cursor.transaction = None,
-        SourceEvent::Message(m) => {
-            let at = Position {
-                source: &source.name,
-                database: &source.database,
-                transaction: None,
-            };
-            encoder.message(out, &at, &m);
-        }
-        SourceEvent::Sequences(values) => {
-            let at = Position {
-                source: &source.name,
-                database: &source.database,
-                transaction: None,
-            };
-            encoder.sequences(out, &at, &values);
-        }
+        SourceEvent::Message(m) => encoder.message(out, &outside(source), &m),
+        SourceEvent::Sequences(values) => encoder.sequences(out, &outside(source), &values),
     }
     Ok(())
 }

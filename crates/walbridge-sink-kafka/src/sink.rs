@@ -359,8 +359,17 @@ impl Run {
                     self.passing.insert(source.name.clone());
                     continue;
                 }
-                SourceEvent::Change(_) if self.passing.contains(&source.name) => continue,
-                SourceEvent::Commit(_) if self.passing.remove(&source.name) => continue,
+                // (Empty but for such a unit: no hashing per change.)
+                SourceEvent::Change(_)
+                    if !self.passing.is_empty() && self.passing.contains(&source.name) =>
+                {
+                    continue;
+                }
+                SourceEvent::Commit(_)
+                    if !self.passing.is_empty() && self.passing.remove(&source.name) =>
+                {
+                    continue;
+                }
                 _ => {}
             }
             match event {

@@ -201,25 +201,19 @@ impl TargetCatalog {
             });
         }
         let columns = self.columns(oid, &display).await?;
-        let has_always_identity: bool = self
-            .lookup
-            .query_one(
-                "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attidentity = 'a')",
-                &[&oid],
-            )
-            .await
-            .map_err(lookup_error(format!("reading the identity columns of {display}")))?
-            .get(0);
         let (unique_keys, has_primary_key) = self.unique_keys(oid, &display).await?;
-        let has_apply_triggers: bool = self
+        let flags = self
             .lookup
             .query_one(
-                "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = $1 AND NOT tgisinternal AND tgenabled IN ('R', 'A'))",
+                "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = $1 AND NOT tgisinternal AND tgenabled IN ('R', 'A')), \
+                        EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attidentity = 'a')",
                 &[&oid],
             )
             .await
-            .map_err(lookup_error(format!("reading the triggers of {display}")))?
-            .get(0);
+            .map_err(lookup_error(format!(
+                "reading the triggers and identity columns of {display}"
+            )))?;
+        let (has_apply_triggers, has_always_identity): (bool, bool) = (flags.get(0), flags.get(1));
         let table = Arc::new(TargetTable {
             oid,
             schema: row.get(1),
