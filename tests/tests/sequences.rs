@@ -82,7 +82,10 @@ fn sequences_follow_the_publisher_never_backwards_and_sync_on_demand() {
     subscriber.psql("SELECT setval('t_id_seq', 1000)");
     insert(&publisher, 3);
     let expected = last_value(&publisher, "u_id_seq");
-    subscriber.wait_for("SELECT last_value::text FROM u_id_seq", &expected, WAIT);
+    assert_eq!(
+        subscriber.wait_for("SELECT last_value::text FROM u_id_seq", &expected, WAIT),
+        expected
+    );
     assert_eq!(last_value(&subscriber, "t_id_seq"), "1000");
 
     // jsonl: a line per sequence that moved, with its value.
