@@ -6,7 +6,7 @@ source "$here/scripts/throwaway-postgres.sh"
 
 bench_cleanup() {
   [ -n "${wb_pid:-}" ] && kill -9 "$wb_pid" 2>/dev/null || true
-  stop_throwaway_postgres
+  [ -n "${KEEP_WORK:-}" ] && { echo "kept $work" >&2; work=; }; stop_throwaway_postgres
 }
 trap bench_cleanup EXIT
 
@@ -46,6 +46,16 @@ cpu_seconds() {
   awk -v tick="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / tick }' "/proc/$1/stat"
 }
 
+# CPU seconds (user + system) a server's processes have used so far,
+# including exited ones (the postmaster collects their times).
+server_cpu() {
+  local postmaster; postmaster=$(head -1 "$1/postmaster.pid")
+  awk -v pm="$postmaster" -v hz="$(getconf CLK_TCK)" '
+    { sub(/^.*\) /, "") }  # drop "pid (comm) ": fields now start at state
+    $2 == pm { t += $12 + $13 }
+    FILENAME ~ "/" pm "/stat$" { t += $12 + $13 + $14 + $15 }
+    END { printf "%.2f", t / hz }' /proc/[0-9]*/stat 2>/dev/null
+}
 # Runs walbridge on an existing slot until it has confirmed $2; prints the
 # seconds taken, walbridge's peak RSS in kB and its CPU seconds.
 # Args: slot end_lsn database publication output_path [sink_sections]

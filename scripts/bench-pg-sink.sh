@@ -52,16 +52,6 @@ until_sub() {
   wait "$waiter"
 }
 
-# CPU seconds (user + system) a server's processes have used so far,
-# including exited ones (the postmaster collects their times).
-server_cpu() {
-  local postmaster; postmaster=$(head -1 "$1/postmaster.pid")
-  awk -v pm="$postmaster" -v hz="$(getconf CLK_TCK)" '
-    { sub(/^.*\) /, "") }  # drop "pid (comm) ": fields now start at state
-    $2 == pm { t += $12 + $13 }
-    FILENAME ~ "/" pm "/stat$" { t += $12 + $13 + $14 + $15 }
-    END { printf "%.2f", t / hz }' /proc/[0-9]*/stat 2>/dev/null
-}
 process_cpu() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.2f", ($12 + $13) / hz }' "/proc/$1/stat"; }
 minus() { python3 -c "print(f'{$1 - $2:.2f}')"; }
 

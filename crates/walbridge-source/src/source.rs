@@ -23,6 +23,7 @@ use crate::slot::{self, SlotOptions, SlotPersistence, SnapshotAction};
 use crate::snapshot::{SnapshotError, SnapshotProgress, copy_tables};
 use crate::spill;
 pub use crate::state::SourceState;
+use crate::wire::batching::is_backlog;
 use crate::wire::copyboth::{ServerMessage, StatusUpdate};
 use crate::wire::{ConnParams, ConnectionError, CopyMessage, ReplicationConnection, connect_sql};
 use walbridge_pg::quote_ident;
@@ -1078,7 +1079,10 @@ impl Source {
                         }
                     }
                     ServerMessage::XLogData {
-                        wal_start, data, ..
+                        wal_start,
+                        send_time,
+                        data,
+                        ..
                     } => {
                         feedback.received = feedback.received.max(wal_start);
                         self.stats
@@ -1087,6 +1091,19 @@ impl Source {
                         let message = decoder
                             .decode(data)
                             .map_err(|e| SourceError::Decode(name.clone(), e))?;
+                        // Batch the reads only while the walsender is behind
+                        // (see wire::batching): a transaction sent long after
+                        // its commit says so, and so does one big enough to be
+                        // streamed before it commits.
+                        match &message {
+                            Message::Begin { commit_time, .. } => conn
+                                .set_behind(is_backlog(send_time, *commit_time))
+                                .map_err(|e| self.err(e))?,
+                            Message::StreamStart { .. } => {
+                                conn.set_behind(true).map_err(|e| self.err(e))?
+                            }
+                            _ => {}
+                        }
                         let assembled = match message {
                             Message::Relation { xid, body } => {
                                 let relation = types

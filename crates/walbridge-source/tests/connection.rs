@@ -1,6 +1,8 @@
 //! The replication connection and SQL connections against real servers:
 //! TCP and Unix sockets, every password method, every sslmode.
 
+use walbridge_core::PgTimestamp;
+use walbridge_source::wire::batching::{BACKLOG, is_backlog};
 use walbridge_source::wire::copyboth::ServerMessage;
 use walbridge_source::wire::{
     ConnParams, ConnectionError, CopyMessage, ReplicationConnection, connect_sql,
@@ -248,9 +250,11 @@ fn inserted_id(insert: &[u8]) -> i64 {
     text.parse().unwrap_or_else(|e| panic!("id {text:?}: {e}"))
 }
 
-/// Reads CopyBoth messages until `commits` pgoutput commits have arrived;
-/// returns the ids inserted, in the order received, and whether the
-/// connection read in batches meanwhile. Fails after `limit` without them.
+/// Reads CopyBoth messages until `commits` pgoutput commits have arrived,
+/// telling the connection at each `Begin` whether the walsender is behind,
+/// as the source does; returns the ids inserted, in the order received, and
+/// whether the connection read in batches meanwhile. Fails after `limit`
+/// without them.
 async fn read_commits(
     conn: &mut ReplicationConnection,
     commits: usize,
@@ -260,17 +264,27 @@ async fn read_commits(
     let read = async {
         while seen < commits {
             let message = conn.recv_copy().await.unwrap_or_else(|e| panic!("{e}"));
-            batched |= conn.reads_in_batches();
             let CopyMessage::Data(payload) = message else {
                 panic!("the stream ended")
             };
-            if let Ok(ServerMessage::XLogData { data, .. }) = ServerMessage::parse(payload) {
+            if let Ok(ServerMessage::XLogData {
+                data, send_time, ..
+            }) = ServerMessage::parse(payload)
+            {
                 match data.first() {
+                    // `B`, the commit record's LSN, then the commit time.
+                    Some(b'B') => {
+                        let commit_time =
+                            i64::from_be_bytes(data[9..17].try_into().unwrap_or_default());
+                        conn.set_behind(is_backlog(send_time, PgTimestamp(commit_time)))
+                            .unwrap_or_else(|e| panic!("{e}"));
+                    }
                     Some(b'I') => ids.push(inserted_id(&data)),
                     Some(b'C') => seen += 1,
                     _ => {}
                 }
             }
+            batched |= conn.reads_in_batches();
         }
     };
     tokio::time::timeout(limit, read)
@@ -280,14 +294,17 @@ async fn read_commits(
 }
 
 /// A 3 MB backlog, then a transaction smaller than a batch once the
-/// backlog has been read: every change arrives in order, and the reader
-/// does not keep waiting for a batch that never fills.
+/// backlog has been read: every change arrives in order, the backlog is
+/// read in batches, and the reader does not keep waiting for a batch that
+/// never fills; transactions sent as they commit are read eagerly.
 async fn backlog_then_quiet_tail(pg: &Cluster, sslmode: &str) {
     // One psql call runs as one transaction: the slot needs its own.
     pg.psql("CREATE TABLE t (id int PRIMARY KEY, pad text); CREATE PUBLICATION p FOR TABLE t");
     pg.psql("SELECT pg_create_logical_replication_slot('s', 'pgoutput')");
     pg.psql("INSERT INTO t SELECT g, repeat('x', 100) FROM generate_series(1, 20000) g");
     pg.psql("INSERT INTO t VALUES (-1, 'small')");
+    // Both older than a backlog's threshold when they are sent.
+    std::thread::sleep(BACKLOG * 2);
     let p = params(&format!(
         "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode={sslmode}",
         pg.port()
@@ -308,6 +325,19 @@ async fn backlog_then_quiet_tail(pg: &Cluster, sslmode: &str) {
     pg.psql("INSERT INTO t VALUES (-2, 'tail')");
     let (ids, _) = read_commits(&mut conn, 1, limit).await;
     assert_eq!(ids, [-2]);
+    for id in 1..=3 {
+        // Flushed as it commits (the test cluster's commits are
+        // asynchronous: the WAL writer would send it up to 200 ms late).
+        pg.psql(&format!(
+            "SET synchronous_commit = on; INSERT INTO t VALUES (-2 - {id}, 'caught up')"
+        ));
+        let (ids, _) = read_commits(&mut conn, 1, limit).await;
+        assert_eq!(ids, [-2 - id]);
+        assert!(
+            !conn.reads_in_batches(),
+            "after a transaction sent as it commits, reads are eager"
+        );
+    }
     conn.finish_copy_both()
         .await
         .unwrap_or_else(|e| panic!("{e}"));

@@ -1,4 +1,4 @@
-//! Reading the replication stream in batches while changes stream.
+//! Reading the replication stream in batches while there is a backlog.
 //!
 //! A walsender hands every pgoutput message to the kernel with its own
 //! `send()`. When the client reads as soon as anything arrives, the receive
@@ -7,18 +7,26 @@
 //! the CPU its decoding needs, in the network stack (measured with the
 //! postgres-sink benchmark: 0.8-0.9 CPU-s per 20,000 TPC-B transactions
 //! against 0.4 for a native subscriber, which lags and so reads big chunks).
-//! So after each read [`ReadBatching`] raises the socket's receive
-//! low-water mark: the kernel wakes the reader only once [`LOW_WATER`]
-//! bytes wait, so the walsender's sends no longer wake it one by one and
-//! it reads once per batch (with it: publisher 0.4-0.6 CPU-s, walbridge
-//! 0.35-0.4 instead of 0.6-1.0). A short timer ([`BATCH_WAIT`]) bounds
-//! what that costs in latency: when it fires, the mark drops back to one
-//! byte, what has arrived is read at once, and an idle stream waits for
-//! its next byte without a timer.
+//! So while the walsender is behind, [`ReadBatching`] raises the socket's
+//! receive low-water mark after each read: the kernel wakes the reader only
+//! once [`LOW_WATER`] bytes wait, so the walsender's sends no longer wake it
+//! one by one and it reads once per batch (with it: publisher 0.4-0.6
+//! CPU-s, walbridge 0.35-0.4 instead of 0.6-1.0). A short timer
+//! ([`BATCH_WAIT`]) bounds what a batch may wait: when it fires, the mark
+//! drops back to one byte and what has arrived is read at once.
+//!
+//! Batching costs latency (up to [`BATCH_WAIT`] per message), so it is
+//! only for a backlog. The reader is told whether there is one
+//! ([`ReadBatching::set_behind`]; the source asks [`is_backlog`] at each
+//! transaction, whose commit time and send time are both the publisher's
+//! clock). A caught-up stream is read eagerly, each message as it comes,
+//! as a native subscriber does: at 1,000 transactions/s batching alone
+//! held each one 5 ms on average.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
+use walbridge_core::PgTimestamp;
 
 /// Bytes that must wait in the socket before a streaming reader wakes.
 pub const LOW_WATER: usize = 64 * 1024;
@@ -31,11 +39,28 @@ pub const LOW_WATER: usize = 64 * 1024;
 /// benchmark ran 20% slower.
 pub const BATCH_WAIT: Duration = Duration::from_millis(10);
 
+/// How late a transaction must be when the walsender sends it (its send
+/// time less its commit time) for the stream to count as a backlog. A
+/// caught-up walsender sends a transaction well under a millisecond after
+/// its commit record is flushed; the commit time is taken before that
+/// flush, so a slow disk adds its flush time: 20 ms leaves room for one
+/// while any real backlog (a paused reader, a big transaction, WAL made
+/// faster than it is decoded) soon exceeds it.
+pub const BACKLOG: Duration = Duration::from_millis(20);
+
+/// True when a transaction committed at `commit_time` and sent at
+/// `send_time` (both the publisher's clock) shows the walsender behind.
+pub fn is_backlog(send_time: PgTimestamp, commit_time: PgTimestamp) -> bool {
+    send_time.0.saturating_sub(commit_time.0) > BACKLOG.as_micros() as i64
+}
+
 /// Whether the connection reads in batches, and the socket whose low-water
 /// mark it sets (TCP on Linux; other sockets always read eagerly).
 #[derive(Debug)]
 pub struct ReadBatching {
     socket: Option<low_water::Socket>,
+    /// The walsender is behind: batch while data keeps coming.
+    behind: bool,
     streaming: bool,
     /// When the wait for the current batch ends; kept across cancelled
     /// reads, so a caller that keeps being interrupted cannot stretch it.
@@ -47,6 +72,7 @@ impl ReadBatching {
     pub fn for_tcp(stream: &tokio::net::TcpStream) -> Self {
         ReadBatching {
             socket: low_water::Socket::of(stream),
+            behind: false,
             streaming: false,
             deadline: None,
         }
@@ -56,6 +82,7 @@ impl ReadBatching {
     pub fn eager() -> Self {
         ReadBatching {
             socket: None,
+            behind: false,
             streaming: false,
             deadline: None,
         }
@@ -76,10 +103,17 @@ impl ReadBatching {
         })
     }
 
-    /// Data has come: the next read waits for a batch.
+    /// Whether the walsender is behind (see [`is_backlog`]). Caught up,
+    /// reads are eager from now on; an error is [`ReadBatching::stop`]'s.
+    pub fn set_behind(&mut self, behind: bool) -> std::io::Result<()> {
+        self.behind = behind;
+        if behind { Ok(()) } else { self.stop() }
+    }
+
+    /// Data has come: while behind, the next read waits for a batch.
     pub fn data_came(&mut self) {
         self.deadline = None;
-        if self.streaming {
+        if self.streaming || !self.behind {
             return;
         }
         if let Some(socket) = &self.socket {
@@ -94,7 +128,8 @@ impl ReadBatching {
         }
     }
 
-    /// No batch came within [`BATCH_WAIT`]: wake on every byte again.
+    /// No batch came within [`BATCH_WAIT`], or the stream caught up: wake
+    /// on every byte again.
     /// Lowering the mark makes the kernel report the bytes already waiting
     /// as readable. An error leaves the socket unusable for a reader (it
     /// would wait for a batch that may never fill): the caller drops the

@@ -490,8 +490,8 @@ impl ReplicationConnection {
         Ok(())
     }
 
-    /// Reads more of the CopyBoth stream: in batches while it streams
-    /// (see [`super::batching`]), else as soon as anything arrives.
+    /// Reads more of the CopyBoth stream: in batches while there is a
+    /// backlog (see [`super::batching`]), else as soon as anything arrives.
     async fn fill_copy(&mut self) -> Result<(), ConnectionError> {
         let Some(deadline) = self.batching.batch_deadline() else {
             self.read_more().await?;
@@ -584,10 +584,17 @@ impl ReplicationConnection {
         }
     }
 
-    /// True while the CopyBoth stream is read in batches: data came
-    /// within the last [`super::batching::BATCH_WAIT`] (see [`super::batching`]).
+    /// True while the CopyBoth stream is read in batches: the walsender is
+    /// behind and data came within the last [`super::batching::BATCH_WAIT`]
+    /// (see [`super::batching`]).
     pub fn reads_in_batches(&self) -> bool {
         self.batching.streaming()
+    }
+
+    /// Tells the reader whether the walsender is behind
+    /// ([`super::batching::is_backlog`]): reads are batched only then.
+    pub fn set_behind(&mut self, behind: bool) -> Result<(), ConnectionError> {
+        Ok(self.batching.set_behind(behind)?)
     }
 
     /// Reads the next CopyBoth message. Cancel-safe.

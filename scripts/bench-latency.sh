@@ -1,0 +1,242 @@
+#!/usr/bin/env bash
+# Latency under steady load: a native subscription against walbridge's
+# postgres sink, jsonl sink and gRPC feed, on one machine, in one run.
+#
+# pgbench inserts one row per transaction into `lat` at RATES (default
+# "1000 3000") transactions/s for DURATION seconds (default 20), committed
+# with synchronous_commit = on (off leaves flushing the WAL to the WAL
+# writer every wal_writer_delay, and a walsender sends only flushed WAL).
+# Each row's delay, one clock:
+#
+# * native and postgres sink: from `created` (clock_timestamp() when the
+#   row was inserted on the publisher) to `seen` (a target-only column
+#   defaulting to clock_timestamp(), so the moment the row was applied);
+# * jsonl (to standard output, read by a pipe): from the commit time the
+#   line carries (`ts_us`) to the moment the reader has the line;
+# * gRPC feed: from the commit time to the consumer receiving the
+#   transaction's commit (crates/walbridge-sink-grpc/examples/feed-bench.rs).
+#
+# ROUNDS (default 5) rounds per rate, interleaved (native, then each of
+# KINDS, default "postgres jsonl feed", then the next round), each waiting
+# first until every reader has caught up with what the others made. Per
+# rate and reader: the median over the rounds of each percentile, with the
+# lowest and highest round's p99, and CPU seconds per round.
+#
+#   scripts/bench-latency.sh
+#   RATES=1000 ROUNDS=3 DURATION=10 KINDS=postgres scripts/bench-latency.sh
+set -euo pipefail
+source "$(dirname "$0")/bench-common.sh"
+rates=${RATES:-"1000 3000"}
+rounds=${ROUNDS:-5}
+duration=${DURATION:-20}
+kinds=${KINDS:-"postgres jsonl feed"}
+clients=4
+
+build_walbridge
+if [[ " $kinds " == *" feed "* ]]; then
+  cargo build --quiet --release -p walbridge-sink-grpc --example feed-bench --manifest-path "$here/Cargo.toml"
+fi
+consumer_bin="$here/target/release/examples/feed-bench"
+start_postgres "max_wal_senders = 20" "max_replication_slots = 20"
+start_second_postgres "shared_buffers = 512MB" "max_logical_replication_workers = 8" "wal_retrieve_retry_interval = 100ms"
+sub() { local db=$1; shift; psql -X -q -A -t -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port2" -U postgres -d "$db" "$@"; }
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+psql_db postgres -c "CREATE DATABASE bench" >/dev/null
+psql_db bench -c "CREATE TABLE lat (id bigserial PRIMARY KEY, created timestamptz NOT NULL DEFAULT clock_timestamp(), payload text NOT NULL)" >/dev/null
+psql_db bench -c "CREATE PUBLICATION lat_pub FOR TABLE lat" >/dev/null
+for db in native wb; do
+  sub postgres -c "CREATE DATABASE $db" >/dev/null
+  sub "$db" -c "CREATE TABLE lat (id bigint PRIMARY KEY, created timestamptz NOT NULL, payload text NOT NULL, seen timestamptz NOT NULL DEFAULT clock_timestamp())" >/dev/null
+done
+sub native -c "CREATE SUBSCRIPTION native_sub CONNECTION 'host=127.0.0.1 port=$port dbname=bench user=postgres' PUBLICATION lat_pub WITH (copy_data = false, enabled = false)" >/dev/null 2>&1
+echo "INSERT INTO lat (payload) VALUES (repeat('x', 100));" > "$work/insert.sql"
+
+# Slots for walbridge, made now so that every reader starts from here.
+for kind in $kinds; do
+  psql_db bench -c "SELECT pg_create_logical_replication_slot('wb_$kind', 'pgoutput')" >/dev/null
+done
+
+# walbridge with one sink of kind $1; sets wb_pid (and feed for a feed).
+start_walbridge() {
+  local kind=$1 dir="$work/wb-$1" sink
+  mkdir -p "$dir"
+  case $kind in
+    postgres) sink="type = \"postgres\"
+connection = \"host=127.0.0.1 port=$port2 dbname=wb user=postgres sslmode=disable\"" ;;
+    jsonl) sink="type = \"jsonl\"" ;;
+    feed)
+      local feed_port; feed_port=$(free_port)
+      feed="http://127.0.0.1:$feed_port"
+      sink="type = \"grpc\"
+listen = \"127.0.0.1:$feed_port\"" ;;
+  esac
+  cat > "$dir/config.toml" <<CONF
+data_dir = "$dir/data"
+[admin]
+listen = ""
+[[source]]
+name = "bench"
+connection = "host=127.0.0.1 port=$port dbname=bench user=postgres sslmode=disable"
+publications = ["lat_pub"]
+slot = "wb_$kind"
+create_slot = false
+copy_data = false
+[[sink]]
+name = "out"
+$sink
+CONF
+  if [ "$kind" = jsonl ]; then
+    # The reader notes each insert's id and delay; the pipe is its stdin.
+    "$bin" run -c "$dir/config.toml" 2>>"$dir/stderr.log" | python3 -u -c '
+import json, sys, time
+out = open(sys.argv[1], "a", buffering=1)
+for line in sys.stdin.buffer:
+    now = time.time()
+    event = json.loads(line)
+    if event["op"] == "c":
+        row, commit = event["after"]["id"], event["source"]["ts_us"] / 1e6
+        out.write(f"{row} {(now - commit) * 1000:.3f}\n")
+' "$dir/delays" &
+    # $! is the reader; walbridge is the pipe's other process.
+    wb_reader=$!
+    until wb_pid=$(pgrep -f -- "run -c $dir/config.toml"); do sleep 0.05; done
+  else
+    "$bin" run -c "$dir/config.toml" 2>>"$dir/stderr.log" &
+    wb_pid=$!
+  fi
+}
+
+stop_walbridge() {
+  kill -TERM "$wb_pid"
+  while kill -0 "$wb_pid" 2>/dev/null; do sleep 0.05; done
+  wb_pid=
+  if [ -n "${wb_reader:-}" ]; then wait "$wb_reader" || true; wb_reader=; fi
+}
+
+# Waits until slot $1 has confirmed the publisher's current end of WAL.
+caught_up() {
+  local end; end=$(psql_db bench -c "SELECT pg_current_wal_lsn()")
+  psql_db bench -c "DO \$\$ BEGIN WHILE NOT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = '$1' AND confirmed_flush_lsn >= '$end') LOOP PERFORM pg_sleep(0.01); END LOOP; END \$\$"
+}
+
+# Waits until the subscriber database $1 holds row $2 of lat.
+has_row() { [ "$2" = 0 ] || sub "$1" -c "DO \$\$ BEGIN WHILE NOT EXISTS (SELECT FROM lat WHERE id = $2) LOOP PERFORM pg_sleep(0.005); END LOOP; END \$\$"; }
+
+# Waits until the jsonl reader has had row $1 of lat (none for 0).
+jsonl_has() {
+  [ "$1" = 0 ] && return
+  until awk -v id="$1" '$1 == id { found = 1 } END { exit !found }' "$work/wb-jsonl/delays"; do
+    kill -0 "$wb_reader" 2>/dev/null || { echo "the jsonl reader ended" >&2; exit 1; }
+    sleep 0.05
+  done
+}
+
+last_id() { psql_db bench -c "SELECT coalesce(max(id), 0) FROM lat"; }
+
+# pgbench at rate $1 for the round's duration; prints the rate achieved.
+load() {
+  PGOPTIONS="-c synchronous_commit=on" pgbench -n -f "$work/insert.sql" -c $clients -j 2 -R "$1" -T "$duration" \
+    -h 127.0.0.1 -p "$port" -U postgres bench > "$work/pgbench.out"
+  awk '/^tps/ {print $3; exit}' "$work/pgbench.out"
+}
+
+# "count p50 p95 p99 max" of the delays (ms) on standard input, one per
+# line (nearest rank, as feed-bench computes them).
+percentiles() {
+  python3 -c '
+import math, sys
+d = sorted(float(x) for x in sys.stdin if x.strip())
+at = lambda p: d[min(max(math.ceil(p / 100 * len(d)), 1), len(d)) - 1]
+print(len(d), *(f"{at(p):.3f}" for p in (50, 95, 99, 100)))'
+}
+
+# Delays (ms) of rows lo < id <= hi in subscriber database $1, one per line.
+sub_delays() { sub "$1" -c "SELECT extract(epoch FROM seen - created) * 1000 FROM lat WHERE id > $2 AND id <= $3"; }
+
+# CPU seconds of walbridge ($1, or - for none), the publisher and the
+# subscriber so far: "wb pub sub".
+cpu_now() {
+  local wb=-
+  [ "$1" != - ] && wb=$(cpu_seconds "$1")
+  echo "$wb $(server_cpu "$work/data") $(server_cpu "$work/data2")"
+}
+# What each used between two cpu_now readings.
+cpu_used() {
+  python3 -c 'import sys; a, b = sys.argv[1].split(), sys.argv[2].split()
+print(*("-" if x == "-" else f"{float(y) - float(x):.2f}" for x, y in zip(a, b)))' "$1" "$2"
+}
+
+results="$work/results"
+: > "$results"
+for rate in $rates; do
+  for round in $(seq 1 "$rounds"); do
+    # Native.
+    sub native -c "ALTER SUBSCRIPTION native_sub ENABLE" >/dev/null
+    caught_up native_sub
+    lo=$(last_id)
+    has_row native "$lo"
+    before=$(cpu_now -)
+    tps=$(load "$rate"); hi=$(last_id)
+    has_row native "$hi"
+    cpu=$(cpu_used "$before" "$(cpu_now -)")
+    sub_delays native "$lo" "$hi" > "$work/delays"
+    echo "native $rate $round $tps $cpu $(percentiles < "$work/delays")" | tee -a "$results"
+    sub native -c "ALTER SUBSCRIPTION native_sub DISABLE" >/dev/null
+    until [ "$(psql_db bench -c "SELECT count(*) FROM pg_stat_replication")" = 0 ]; do sleep 0.02; done
+
+    for kind in $kinds; do
+      start_walbridge "$kind"
+      caught_up "wb_$kind"
+      lo=$(last_id)
+      # The sink too has what the other readers' rounds made.
+      case $kind in
+        postgres) has_row wb "$lo" ;;
+        jsonl) jsonl_has "$lo" ;;
+        feed)
+          "$consumer_bin" --address "$feed" --start latest --latency --idle 3 > "$work/feed.json" &
+          consumer_pid=$!
+          until grep -q "subscriber connected" "$work/wb-feed/stderr.log"; do sleep 0.05; done ;;
+      esac
+      before=$(cpu_now "$wb_pid")
+      tps=$(load "$rate"); hi=$(last_id)
+      case $kind in
+        postgres) has_row wb "$hi" ;;
+        jsonl) jsonl_has "$hi" ;;
+        feed) wait "$consumer_pid" ;;
+      esac
+      cpu=$(cpu_used "$before" "$(cpu_now "$wb_pid")")
+      case $kind in
+        postgres) summary=$(sub_delays wb "$lo" "$hi" | percentiles) ;;
+        jsonl) summary=$(awk -v lo="$lo" -v hi="$hi" '$1 > lo && $1 <= hi { print $2 }' "$work/wb-jsonl/delays" | percentiles) ;;
+        feed) summary=$(python3 -c 'import json, sys; l = json.load(open(sys.argv[1]))["latency_ms"]; print(l["count"], *(l[p] for p in ("p50", "p95", "p99", "max")))' "$work/feed.json") ;;
+      esac
+      echo "$kind $rate $round $tps $cpu $summary" | tee -a "$results"
+      stop_walbridge
+    done
+  done
+done
+
+# Columns: reader rate round tps walbridge-cpu publisher-cpu subscriber-cpu
+# count p50 p95 p99 max.
+python3 - "$results" "$duration" <<'PY'
+import statistics, sys
+rows = [line.split() for line in open(sys.argv[1])]
+duration = float(sys.argv[2])
+names = {"native": "native subscription", "postgres": "walbridge postgres sink",
+         "jsonl": "walbridge jsonl sink", "feed": "walbridge gRPC feed"}
+print()
+print("| rate | reader | rounds | rows/round | p50 | p95 | p99 (lowest-highest round) | max | CPU: walbridge / publisher / subscriber |")
+print("|---|---|---|---|---|---|---|---|---|")
+for rate in dict.fromkeys(r[1] for r in rows):
+    for kind in dict.fromkeys(r[0] for r in rows):
+        mine = [r for r in rows if r[0] == kind and r[1] == rate]
+        if not mine:
+            continue
+        med = lambda i: statistics.median(float(r[i]) for r in mine)
+        share = lambda i: "-" if mine[0][i] == "-" else f"{100 * med(i) / duration:.0f}%"
+        p99 = [float(r[10]) for r in mine]
+        print(f"| {float(rate):,.0f}/s (achieved {med(3):,.0f}) | {names[kind]} | {len(mine)} | {med(7):,.0f} "
+              f"| {med(8):.2f} ms | {med(9):.2f} ms | {med(10):.2f} ms ({min(p99):.2f}-{max(p99):.2f}) | {med(11):.1f} ms "
+              f"| {share(4)} / {share(5)} / {share(6)} of a core |")
+PY
