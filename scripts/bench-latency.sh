@@ -71,10 +71,11 @@ connection = \"host=127.0.0.1 port=$port2 dbname=wb user=postgres sslmode=disabl
       sink="type = \"grpc\"
 listen = \"127.0.0.1:$feed_port\"" ;;
   esac
+  admin="127.0.0.1:$(free_port)"
   cat > "$dir/config.toml" <<CONF
 data_dir = "$dir/data"
 [admin]
-listen = ""
+listen = "$admin"
 [[source]]
 name = "bench"
 connection = "host=127.0.0.1 port=$port dbname=bench user=postgres sslmode=disable"
@@ -154,6 +155,32 @@ print(len(d), *(f"{at(p):.3f}" for p in (50, 95, 99, 100)))'
 # Delays (ms) of rows lo < id <= hi in subscriber database $1, one per line.
 sub_delays() { sub "$1" -c "SELECT extract(epoch FROM seen - created) * 1000 FROM lat WHERE id > $2 AND id <= $3"; }
 
+# walbridge's transaction delays so far: "stage sum count" per stage
+# (walbridge_transaction_delay_seconds, see crates/walbridge-sink/src/delay.rs).
+delays_now() {
+  curl -sf "http://$admin/metrics" | awk '
+    /^walbridge_transaction_delay_seconds_(sum|count)\{/ {
+      match($0, /stage="[a-z]+"/); stage = substr($0, RSTART + 7, RLENGTH - 8)
+      kind = ($1 ~ /_sum\{/) ? "sum" : "count"
+      v[stage, kind] = $2; stages[stage] = 1
+    }
+    END { for (s in stages) printf "%s %s %s\n", s, v[s, "sum"], v[s, "count"] }'
+}
+# The mean delay (ms) at each stage between two delays_now readings, in
+# the order a transaction passes them: "received/read/delivered/applied".
+stage_means() {
+  python3 -c '
+import sys
+def parse(text):
+    return {f[0]: (float(f[1]), float(f[2])) for f in (l.split() for l in text.splitlines()) if len(f) == 3}
+a, b = parse(sys.argv[1]), parse(sys.argv[2])
+means = []
+for stage in ("received", "read", "delivered", "applied"):
+    (s0, c0), (s1, c1) = a.get(stage, (0, 0)), b.get(stage, (0, 0))
+    means.append(f"{1000 * (s1 - s0) / (c1 - c0):.3f}" if c1 > c0 else "-")
+print("/".join(means))' "$1" "$2"
+}
+
 # CPU seconds of walbridge ($1, or - for none), the publisher and the
 # subscriber so far: "wb pub sub".
 cpu_now() {
@@ -181,7 +208,7 @@ for rate in $rates; do
     has_row native "$hi"
     cpu=$(cpu_used "$before" "$(cpu_now -)")
     sub_delays native "$lo" "$hi" > "$work/delays"
-    echo "native $rate $round $tps $cpu $(percentiles < "$work/delays")" | tee -a "$results"
+    echo "native $rate $round $tps $cpu $(percentiles < "$work/delays") -" | tee -a "$results"
     sub native -c "ALTER SUBSCRIPTION native_sub DISABLE" >/dev/null
     until [ "$(psql_db bench -c "SELECT count(*) FROM pg_stat_replication")" = 0 ]; do sleep 0.02; done
 
@@ -198,7 +225,7 @@ for rate in $rates; do
           consumer_pid=$!
           until grep -q "subscriber connected" "$work/wb-feed/stderr.log"; do sleep 0.05; done ;;
       esac
-      before=$(cpu_now "$wb_pid")
+      before=$(cpu_now "$wb_pid") stages_before=$(delays_now)
       tps=$(load "$rate"); hi=$(last_id)
       case $kind in
         postgres) has_row wb "$hi" ;;
@@ -206,19 +233,20 @@ for rate in $rates; do
         feed) wait "$consumer_pid" ;;
       esac
       cpu=$(cpu_used "$before" "$(cpu_now "$wb_pid")")
+      stages=$(stage_means "$stages_before" "$(delays_now)")
       case $kind in
         postgres) summary=$(sub_delays wb "$lo" "$hi" | percentiles) ;;
         jsonl) summary=$(awk -v lo="$lo" -v hi="$hi" '$1 > lo && $1 <= hi { print $2 }' "$work/wb-jsonl/delays" | percentiles) ;;
         feed) summary=$(python3 -c 'import json, sys; l = json.load(open(sys.argv[1]))["latency_ms"]; print(l["count"], *(l[p] for p in ("p50", "p95", "p99", "max")))' "$work/feed.json") ;;
       esac
-      echo "$kind $rate $round $tps $cpu $summary" | tee -a "$results"
+      echo "$kind $rate $round $tps $cpu $summary $stages" | tee -a "$results"
       stop_walbridge
     done
   done
 done
 
 # Columns: reader rate round tps walbridge-cpu publisher-cpu subscriber-cpu
-# count p50 p95 p99 max.
+# count p50 p95 p99 max stage-means.
 python3 - "$results" "$duration" <<'PY'
 import statistics, sys
 rows = [line.split() for line in open(sys.argv[1])]
@@ -226,6 +254,7 @@ duration = float(sys.argv[2])
 names = {"native": "native subscription", "postgres": "walbridge postgres sink",
          "jsonl": "walbridge jsonl sink", "feed": "walbridge gRPC feed"}
 print()
+stages = []
 print("| rate | reader | rounds | rows/round | p50 | p95 | p99 (lowest-highest round) | max | CPU: walbridge / publisher / subscriber |")
 print("|---|---|---|---|---|---|---|---|---|")
 for rate in dict.fromkeys(r[1] for r in rows):
@@ -239,4 +268,25 @@ for rate in dict.fromkeys(r[1] for r in rows):
         print(f"| {float(rate):,.0f}/s (achieved {med(3):,.0f}) | {names[kind]} | {len(mine)} | {med(7):,.0f} "
               f"| {med(8):.2f} ms | {med(9):.2f} ms | {med(10):.2f} ms ({min(p99):.2f}-{max(p99):.2f}) | {med(11):.1f} ms "
               f"| {share(4)} / {share(5)} / {share(6)} of a core |")
+        if kind != "native":
+            stages.append((rate, names[kind], [r[12].split("/") for r in mine]))
+
+# Each stage's share of the mean delay: the mean time from the commit on
+# the publisher to each stage, median over the rounds, and the differences.
+print()
+print("| rate | reader | mean delay | publisher → received | → read (log fsync) | → delivered (sink queue) | → applied (sink) |")
+print("|---|---|---|---|---|---|---|")
+for rate, name, rounds in stages:
+    def mean(i):
+        values = [float(r[i]) for r in rounds if r[i] != "-"]
+        return statistics.median(values) if values else None
+    points = [mean(i) for i in range(4)]
+    cells, last = [], 0.0
+    for point in points:
+        if point is None:
+            cells.append("-")
+            continue
+        cells.append(f"{point - last:.2f} ms")
+        last = point
+    print(f"| {float(rate):,.0f}/s | {name} | {last:.2f} ms | " + " | ".join(cells) + " |")
 PY

@@ -111,6 +111,31 @@ fn metrics_status_and_readiness_follow_a_sink_stopped_on_a_conflict() {
             "{operation}"
         );
     }
+    // Each of the five transactions passed every stage, each later than
+    // the one before (one clock, so every delay is at least the last).
+    let delay = |stage: &str, what: &str| {
+        let mut labels = vec![("stage", stage), ("source", "src")];
+        if stage != "received" {
+            labels.push(("sink", "replica"));
+        }
+        value(
+            &samples,
+            &format!("walbridge_transaction_delay_seconds_{what}"),
+            &labels,
+        )
+    };
+    let stages = ["received", "read", "delivered", "applied"];
+    for stage in stages {
+        assert_eq!(delay(stage, "count"), Some(5.0), "{stage}: {samples:#?}");
+    }
+    let sums: Vec<f64> = stages
+        .iter()
+        .map(|stage| delay(stage, "sum").unwrap_or(f64::NAN))
+        .collect();
+    assert!(
+        sums[0] > 0.0 && sums.windows(2).all(|w| w[0] <= w[1]),
+        "delays by stage: {sums:?}"
+    );
     // One segment, holding the log from its beginning.
     assert_eq!(value(&samples, "walbridge_log_segments", &src), Some(1.0));
     assert_eq!(value(&samples, "walbridge_log_start_lsn", &src), Some(0.0));

@@ -24,7 +24,7 @@ use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Json, Response};
 use axum::routing::{get, post};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};
@@ -32,6 +32,7 @@ use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 
 use walbridge_core::BearerToken;
+use walbridge_sink::{DELAY_BUCKETS, DELAY_METRIC, describe_delay};
 
 use crate::config::AdminConfig;
 use crate::error::RuntimeError;
@@ -118,13 +119,16 @@ pub async fn bind(config: &AdminConfig, data_dir: &std::path::Path) -> Result<Bo
     std::fs::write(data_dir.join(ADDRESS_FILE), format!("{address}\n")).map_err(failed(
         format!("cannot write {}", data_dir.join(ADDRESS_FILE).display()),
     ))?;
-    let prometheus =
-        PrometheusBuilder::new()
-            .install_recorder()
-            .map_err(|e| RuntimeError::Admin {
-                what: "cannot install the metrics recorder".into(),
-                error: e.into(),
-            })?;
+    let recorder_failed = |e: metrics_exporter_prometheus::BuildError| RuntimeError::Admin {
+        what: "cannot install the metrics recorder".into(),
+        error: e.into(),
+    };
+    let prometheus = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(DELAY_METRIC.into()), DELAY_BUCKETS)
+        .map_err(recorder_failed)?
+        .install_recorder()
+        .map_err(recorder_failed)?;
+    describe_delay();
     let process = metrics_process::Collector::default();
     process.describe();
     Observed::describe_metrics();

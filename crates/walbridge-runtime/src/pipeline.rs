@@ -19,11 +19,11 @@ use std::time::Duration;
 use futures_util::future::select_all;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
-use walbridge_core::{EventBatch, Lsn};
+use walbridge_core::{EventBatch, Lsn, PgTimestamp, SourceEvent};
 use walbridge_log::{Appender, Log, LogReader, LogWriter};
 use walbridge_sink::{
-    LogPosition, Reading, Routed, Sink, SinkFailure, SourceContext, SourceLog, reads,
-    start_from_cursor,
+    LogPosition, Reading, Routed, Sink, SinkDelays, SinkFailure, SourceContext, SourceDelay,
+    SourceLog, reads, start_from_cursor,
 };
 use walbridge_source::Downstream;
 
@@ -181,6 +181,7 @@ pub async fn run(config: Config, watch: impl FnOnce(Arc<Observed>)) -> Result<()
                         database: run.source.database().to_owned(),
                         log_id: run.log.id().to_owned(),
                         acked,
+                        delays: SinkDelays::new(source, sink_config.name()),
                     }),
                 },
                 events,
@@ -262,7 +263,11 @@ pub async fn run(config: Config, watch: impl FnOnce(Arc<Observed>)) -> Result<()
         tokio::spawn(forward_durable(log.subscribe(), durable_tx));
         let (events_tx, events_rx) = mpsc::channel::<EventBatch>(QUEUE);
         let name = source.name().to_owned();
-        appenders.push((name, tokio::spawn(append(events_rx, Appender::new(writer)))));
+        let received = SourceDelay::new(&name);
+        appenders.push((
+            name,
+            tokio::spawn(append(events_rx, Appender::new(writer), received)),
+        ));
         let downstream = Downstream {
             events: events_tx,
             durable: durable_rx,
@@ -339,6 +344,7 @@ pub async fn run(config: Config, watch: impl FnOnce(Arc<Observed>)) -> Result<()
 async fn append(
     mut events: mpsc::Receiver<EventBatch>,
     mut appender: Appender,
+    received: SourceDelay,
 ) -> Result<(), walbridge_log::LogError> {
     loop {
         let batch = tokio::select! {
@@ -347,6 +353,9 @@ async fn append(
         };
         let Some(batch) = batch else { break };
         for event in batch {
+            if let SourceEvent::Commit(info) = &event {
+                received.received(info.commit_time);
+            }
             appender.append(event).await?;
         }
     }
@@ -650,6 +659,7 @@ async fn run_sink(
             abort: abort.clone(),
             reported: (None, false),
             progress_interval,
+            commits: Vec::new(),
         };
         let handle = tokio::runtime::Handle::current();
         let thread = std::thread::Builder::new()
@@ -721,6 +731,8 @@ struct Feeder {
     reported: (Option<std::time::Instant>, bool),
     /// How often progress is reported.
     progress_interval: Duration,
+    /// The commit times of the transactions in the hand-over under way.
+    commits: Vec<PgTimestamp>,
 }
 
 impl Feeder {
@@ -800,8 +812,21 @@ impl Feeder {
                         }
                     }
                     let handed = SinkEvents::tally(&routed.events);
+                    // The delays of the transactions ending here, read and delivered.
+                    self.commits.clear();
+                    self.commits
+                        .extend(routed.events.iter().filter_map(|event| match event {
+                            SourceEvent::Commit(info) => Some(info.commit_time),
+                            _ => None,
+                        }));
+                    for &commit_time in &self.commits {
+                        self.context.delays.read(commit_time);
+                    }
                     if self.queue.blocking_send(routed).is_err() {
                         return Ok(());
+                    }
+                    for &commit_time in &self.commits {
+                        self.context.delays.delivered(commit_time);
                     }
                     self.events.add(handed);
                     self.report_progress();
@@ -966,6 +991,7 @@ mod tests {
                     database: "db".into(),
                     log_id: log.id().to_owned(),
                     acked,
+                    delays: SinkDelays::none(),
                 }),
                 log: log.clone(),
             },

@@ -28,7 +28,7 @@ use futures_util::future::select_all;
 use tokio::sync::{mpsc, watch};
 use tonic::Status;
 use walbridge_log::{Entry, Log, LogReader, ReadRecord};
-use walbridge_sink::SourceLog;
+use walbridge_sink::{SinkDelays, SourceLog};
 
 use crate::consumers::Consumers;
 use crate::encode::{Encoder, Transaction, respond};
@@ -153,6 +153,8 @@ pub(crate) struct SessionSource {
     reader: LogReader,
     /// After the last unit sent (or skipped by the filter).
     position: TokenPosition,
+    /// Where transactions read and sent count their delays.
+    delays: SinkDelays,
 }
 
 impl SessionSource {
@@ -170,6 +172,7 @@ impl SessionSource {
             log: source.log.clone(),
             reader,
             position,
+            delays: source.context.delays.clone(),
         })
     }
 }
@@ -572,9 +575,15 @@ impl Session {
                     }
                 }
                 self.advance(i, at.0 + 1, at.1, 0);
+                self.sources[i].delays.read(info.commit_time);
                 let token = self.token();
-                out.extend(Encoder::commit(&name, &info, &transaction, token));
+                let commit = Encoder::commit(&name, &info, &transaction, token);
+                let sent = commit.is_some();
+                out.extend(commit);
                 count(self, &mut out)?;
+                if sent {
+                    self.sources[i].delays.applied(info.commit_time);
+                }
             }
             Entry::Snapshot(batch) => {
                 let rows = batch

@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use walbridge_core::{
-    Change, ColumnShape, Lsn, Relation, RelationId, SourceEvent, TransactionInfo, carry_attnums,
-    column_changes,
+    Change, ColumnShape, Lsn, PgTimestamp, Relation, RelationId, SourceEvent, TransactionInfo,
+    carry_attnums, column_changes,
 };
 use walbridge_log::{CursorFile, CursorPosition, CursorState, LogError};
 use walbridge_sink::{LogPosition, Routed, SourceContext};
@@ -302,6 +302,9 @@ pub struct JsonlSink {
     output: Output,
     cursor_file: CursorFile,
     cursor: CursorState,
+    /// The transactions whose last line is in the buffer, not yet written:
+    /// their source and commit time, for their delays.
+    unwritten: Vec<(Arc<SourceContext>, PgTimestamp)>,
 }
 
 impl JsonlSink {
@@ -320,6 +323,7 @@ impl JsonlSink {
             output,
             cursor_file,
             cursor,
+            unwritten: Vec::new(),
         })
     }
 
@@ -364,6 +368,9 @@ impl JsonlSink {
                 .entry(routed.source.name.clone())
                 .or_insert_with(|| (routed.source.clone(), SourceCursor::default()));
             for event in routed.events {
+                if let SourceEvent::Commit(info) = &event {
+                    self.unwritten.push((source.clone(), info.commit_time));
+                }
                 write_event(
                     &self.config.name,
                     &encoder,
@@ -400,6 +407,9 @@ impl JsonlSink {
             .write_all(buffer)
             .map_err(output(|| format!("cannot write to {path}")))?;
         buffer.clear();
+        for (source, commit_time) in self.unwritten.drain(..) {
+            source.delays.applied(commit_time);
+        }
         Ok(())
     }
 

@@ -16,6 +16,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{DeliveryResult, Message};
 use rdkafka::producer::ProducerContext;
 use tokio::sync::Notify;
+use walbridge_core::PgTimestamp;
 use walbridge_sink::LogPosition;
 
 use crate::error::SinkError;
@@ -23,11 +24,22 @@ use crate::error::SinkError;
 /// The longest a key is shown in an error message.
 const KEY_SHOWN: usize = 200;
 
-/// Messages of one epoch still in flight, and the position it ends at.
+/// Messages of one epoch still in flight, and where it ends.
 #[derive(Debug, Default)]
 struct Epoch {
     in_flight: usize,
-    sealed: Option<(String, LogPosition)>,
+    sealed: Option<Released>,
+}
+
+/// A position whose messages are all delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Released {
+    /// The source.
+    pub source: String,
+    /// The position reached.
+    pub position: LogPosition,
+    /// Commit times of the source transactions the epoch ended, for their delays.
+    pub commit_times: Vec<PgTimestamp>,
 }
 
 #[derive(Debug)]
@@ -101,11 +113,16 @@ impl Tracker {
     }
 
     /// Closes the open epoch: `position` of `source` is reached once all
-    /// its messages (and every earlier epoch's) are delivered.
-    pub fn seal(&self, source: &str, position: LogPosition) {
+    /// its messages (and every earlier epoch's) are delivered; the epoch
+    /// ended the transactions committed at `commit_times`.
+    pub fn seal(&self, source: &str, position: LogPosition, commit_times: Vec<PgTimestamp>) {
         let mut state = self.state();
         if let Some(open) = state.epochs.back_mut() {
-            open.sealed = Some((source.to_owned(), position));
+            open.sealed = Some(Released {
+                source: source.to_owned(),
+                position,
+                commit_times,
+            });
         }
         state.epochs.push_back(Epoch::default());
     }
@@ -128,7 +145,7 @@ impl Tracker {
 
     /// The positions released since the last call (oldest first), or the
     /// first delivery failure.
-    pub fn take_delivered(&self) -> Result<Vec<(String, LogPosition)>, SinkError> {
+    pub fn take_delivered(&self) -> Result<Vec<Released>, SinkError> {
         let mut state = self.state();
         if let Some(failure) = state.failure.take() {
             return Err(failure);
@@ -278,10 +295,10 @@ mod tests {
         let tracker = Tracker::default();
         let a1 = tracker.track();
         let a2 = tracker.track();
-        tracker.seal("s", at(1));
+        tracker.seal("s", at(1), vec![PgTimestamp(10)]);
         let b1 = tracker.track();
-        tracker.seal("s", at(2));
-        tracker.seal("t", at(7));
+        tracker.seal("s", at(2), Vec::new());
+        tracker.seal("t", at(7), vec![PgTimestamp(11), PgTimestamp(12)]);
         assert_eq!(tracker.in_flight(), 3);
         // The later epoch is delivered first: nothing is released yet.
         tracker.finish(b1, None);
@@ -290,14 +307,11 @@ mod tests {
         assert!(tracker.take_delivered().unwrap_or_default().is_empty());
         tracker.finish(a2, None);
         let released = tracker.take_delivered().unwrap_or_default();
-        assert_eq!(
-            released,
-            vec![
-                ("s".into(), at(1)),
-                ("s".into(), at(2)),
-                ("t".into(), at(7))
-            ]
-        );
+        let shown: Vec<_> = released
+            .iter()
+            .map(|r| (r.source.as_str(), r.position, r.commit_times.len()))
+            .collect();
+        assert_eq!(shown, [("s", at(1), 1), ("s", at(2), 0), ("t", at(7), 2)]);
         assert_eq!(tracker.in_flight(), 0);
         let c = tracker.track();
         tracker.untrack(c);
@@ -308,7 +322,7 @@ mod tests {
     fn a_failed_delivery_is_reported_once() {
         let tracker = Tracker::default();
         let e = tracker.track();
-        tracker.seal("s", at(1));
+        tracker.seal("s", at(1), Vec::new());
         tracker.finish(
             e,
             Some(SinkError::Delivery {

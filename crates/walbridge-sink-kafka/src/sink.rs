@@ -11,7 +11,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 use tokio::sync::mpsc;
-use walbridge_core::SourceEvent;
+use walbridge_core::{PgTimestamp, SourceEvent};
 use walbridge_log::{CursorFile, CursorPosition, CursorState};
 use walbridge_sink::{LogPosition, Routed, SourceContext};
 
@@ -176,6 +176,7 @@ impl KafkaSink {
             tracker,
             sources: HashMap::new(),
             outgoing: Vec::new(),
+            sealing: Vec::new(),
             transaction: self.config.exactly_once.then(|| Transaction {
                 id: self.config.effective_transactional_id(),
                 open: false,
@@ -284,8 +285,8 @@ impl KafkaSink {
             return Ok(());
         }
         let mut latest = HashMap::new();
-        for (source, position) in released {
-            latest.insert(source, position);
+        for released in &released {
+            latest.insert(released.source.clone(), released.position);
         }
         for (name, position) in &latest {
             if let Some(source) = run.sources.get(name) {
@@ -302,6 +303,13 @@ impl KafkaSink {
         for (name, position) in latest {
             if let Some(source) = run.sources.get(&name) {
                 source.acked.send_replace(position);
+            }
+        }
+        for released in released {
+            if let Some(source) = run.sources.get(&released.source) {
+                for commit_time in released.commit_times {
+                    source.delays.applied(commit_time);
+                }
             }
         }
         Ok(())
@@ -329,6 +337,8 @@ struct Run {
     sources: HashMap<String, Arc<SourceContext>>,
     /// Messages of the event being handled (reused).
     outgoing: Vec<Outgoing>,
+    /// Commit times of the transactions produced since the last sealed epoch.
+    sealing: Vec<PgTimestamp>,
     /// With `exactly_once`: the Kafka transaction.
     transaction: Option<Transaction>,
     /// The bootstrap servers, for messages.
@@ -387,7 +397,10 @@ impl Run {
                         .change(from, &change, &mut self.outgoing)
                         .await?
                 }
-                SourceEvent::Commit(_) => self.emitter.commit(from, &mut self.outgoing).await?,
+                SourceEvent::Commit(info) => {
+                    self.sealing.push(info.commit_time);
+                    self.emitter.commit(from, &mut self.outgoing).await?
+                }
                 SourceEvent::Message(message) => {
                     self.emitter
                         .message(from, &message, &mut self.outgoing)
@@ -407,7 +420,8 @@ impl Run {
         }
         match routed.position {
             Some(position) => {
-                self.tracker.seal(&source.name, position);
+                let commit_times = std::mem::take(&mut self.sealing);
+                self.tracker.seal(&source.name, position, commit_times);
                 if let Some(transaction) = self.transaction.as_mut() {
                     transaction.reached.insert(source.name.clone(), position);
                     transaction.unfinished.remove(&source.name);

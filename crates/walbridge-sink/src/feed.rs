@@ -13,6 +13,8 @@ use tokio::sync::watch;
 use walbridge_core::{EventBatch, Lsn};
 use walbridge_log::Log;
 
+use crate::delay::SinkDelays;
+
 /// A position in a source's log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LogPosition {
@@ -33,6 +35,8 @@ pub struct SourceContext {
     pub log_id: String,
     /// Where the sink acknowledges how far it has durably processed this source.
     pub acked: watch::Sender<LogPosition>,
+    /// Where the sink's stages count this source's transactions' delays.
+    pub delays: SinkDelays,
 }
 
 /// Events of consecutive log records, together with their source.

@@ -24,6 +24,7 @@
 //! Sink kinds are registered in one place (the binary's list); nothing
 //! else names them.
 
+mod delay;
 mod feed;
 
 use std::future::Future;
@@ -34,6 +35,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use walbridge_core::{Lsn, Relation, SequenceValues};
 
+pub use delay::{DELAY_BUCKETS, DELAY_METRIC, SinkDelays, SourceDelay, describe_delay};
 pub use feed::{LogPosition, Routed, SourceContext, SourceLog};
 pub use walbridge_log::{CursorPosition, CursorState, Log, LogError, Visibility};
 

@@ -129,6 +129,8 @@ struct Committed {
     isolated: bool,
     /// Its last source transaction.
     last_txn: Option<Arc<TransactionInfo>>,
+    /// Commit times of its source transactions.
+    commit_times: Vec<PgTimestamp>,
     /// The published columns, when the group changed them.
     published: Option<Published>,
 }
@@ -155,6 +157,8 @@ struct Group {
     position: Option<LogPosition>,
     /// Commit time of the last source transaction.
     commit_time: PgTimestamp,
+    /// Commit times of every source transaction in the group, for their delays.
+    commit_times: Vec<PgTimestamp>,
     /// The group holds the transaction the sink stopped on, alone.
     isolated: bool,
     /// The last source transaction in the group.
@@ -489,6 +493,7 @@ impl Applier {
                 self.txn = None;
                 self.group.transactions += 1;
                 self.group.commit_time = info.commit_time;
+                self.group.commit_times.push(info.commit_time);
                 self.group.last_txn = Some(info);
                 Ok(())
             }
@@ -666,6 +671,7 @@ impl Applier {
             started: group.started,
             isolated: group.isolated,
             last_txn: group.last_txn,
+            commit_times: group.commit_times,
             published: group.published_changed.then(|| self.published.clone()),
         };
         let finish = self.progress.commit_sql(position.lsn, group.commit_time);
@@ -705,6 +711,9 @@ impl Applier {
             "committed"
         );
         self.report(&committed);
+        for &commit_time in &committed.commit_times {
+            self.source.delays.applied(commit_time);
+        }
         if let Some(published) = committed.published {
             self.state.set_published(&self.source.name, published);
         }
