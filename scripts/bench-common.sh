@@ -59,7 +59,8 @@ server_cpu() {
 # Runs walbridge on an existing slot until it has confirmed $2; prints the
 # seconds taken, walbridge's peak RSS in kB and its CPU seconds.
 # Args: slot end_lsn database publication output_path [sink_sections]
-# (sink_sections replaces the jsonl sink writing to output_path).
+# (sink_sections replaces the jsonl sink writing to output_path);
+# SOURCE_EXTRA adds lines to the source's section (spill_threshold = …).
 walbridge_until() {
   local slot=$1 end=$2 db=$3 publication=$4 output=$5
   local sinks=${6:-"[[sink]]
@@ -77,6 +78,7 @@ slot = "$slot"
 create_slot = false
 copy_data = false
 status_interval = 1
+${SOURCE_EXTRA:-}
 $sinks
 CONF
   local start; start=$(date +%s.%N)

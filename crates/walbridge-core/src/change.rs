@@ -208,12 +208,16 @@ impl Change {
 
     /// An estimate of the memory the change holds, used for spill decisions.
     pub fn approximate_size(&self) -> usize {
-        // What a change costs in memory besides its values: the enum
-        // itself, the row vector's header and allocator rounding; per
-        // value, the Datum and the bytes buffer's header (measured with
-        // heaptrack on a million-row transaction: the former 64 + 24 per
-        // value under-counted by about a third, so spilling came late).
-        const OVERHEAD: usize = std::mem::size_of::<Change>() + 32;
+        // What a change costs in memory besides its values: the enum,
+        // twice (a transaction's vector of changes grows by doubling, so
+        // up to half its slots are empty), the row vector's header and
+        // allocator rounding, and the received message the values are
+        // slices of (its own allocation, the shared buffer's header and
+        // the bytes around the values). Per value, the Datum and the
+        // bytes buffer's header. Measured with scripts/bench-large-txn.sh:
+        // counting the enum once and not the message, resident memory grew
+        // by about 2.5 MB per MB of spill_threshold.
+        const OVERHEAD: usize = 2 * std::mem::size_of::<Change>() + 32 + 96;
         let row = |r: &Row| {
             r.iter()
                 .map(|d| d.len() + std::mem::size_of::<Datum>() + 5)

@@ -41,7 +41,7 @@ fn default_workers() -> usize {
 }
 
 fn default_spill() -> ByteSize {
-    ByteSize(64 << 20)
+    ByteSize(32 << 20)
 }
 
 fn default_chunk() -> ByteSize {
@@ -124,7 +124,7 @@ pub struct SourceConfig {
     #[serde(default = "default_chunk")]
     pub snapshot_chunk_size: ByteSize,
     /// Open transactions may hold this much memory together; above it the
-    /// largest goes to a spill file under `data_dir` (default 64MiB).
+    /// largest goes to a spill file under `data_dir` (default 32MiB).
     #[serde(default = "default_spill")]
     pub spill_threshold: ByteSize,
     /// Seconds between status updates to the publisher (default 10).
