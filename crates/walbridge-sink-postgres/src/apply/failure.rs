@@ -76,12 +76,6 @@ impl Applier {
                     source: failed.error,
                 };
             }
-            Purpose::WalPosition(_) => {
-                return SinkError::Target {
-                    what: "reading the target's WAL position".to_owned(),
-                    source: failed.error,
-                };
-            }
             Purpose::Change { txn, map, .. } => (txn.clone(), map.target.display()),
             Purpose::Truncate { txn, tables } => (txn.clone(), tables.clone()),
             Purpose::Stale { txn, table } => (txn.clone(), table.clone()),
@@ -150,7 +144,6 @@ impl Applier {
             | Purpose::Stale { .. }
             | Purpose::Control(_)
             | Purpose::Commit(_)
-            | Purpose::WalPosition(_)
             | Purpose::Prepare { .. }
             | Purpose::Batch { .. } => SinkError::Apply {
                 table,

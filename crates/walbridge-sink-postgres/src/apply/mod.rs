@@ -35,6 +35,7 @@ mod failure;
 mod snapshot;
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -86,8 +87,6 @@ enum Purpose {
     },
     /// The COMMIT of a group.
     Commit(Box<Committed>),
-    /// The target's WAL positions read right after a COMMIT.
-    WalPosition(LogPosition),
     /// Preparing a batch statement; until it is ready the statement runs
     /// unnamed, in the same message as its values (no round trip of its
     /// own, which would wait for everything in flight before it).
@@ -252,14 +251,46 @@ fn failed(what: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> Sink
     move |source| SinkError::Target { what, source }
 }
 
+/// What the target's WAL positions are read with.
+const WAL_POSITIONS: &str =
+    "SELECT pg_current_wal_insert_lsn()::text, pg_current_wal_flush_lsn()::text";
+
+/// Runs `commit` (a simple query ending in COMMIT), then, in the same
+/// query, reads the target's WAL positions: where the commit's WAL ends
+/// (written) and what is flushed.
+fn commit_reading_wal(
+    client: &Arc<Client>,
+    commit: String,
+) -> Pin<Box<dyn Future<Output = Outcome> + Send + 'static>> {
+    let client = client.clone();
+    Box::pin(async move {
+        let messages = client
+            .simple_query(&format!("{commit}; {WAL_POSITIONS}"))
+            .await
+            .map_err(|error| Failed {
+                error,
+                params: Vec::new(),
+            })?;
+        // The last row is the positions' (the commit may return one too).
+        let row = messages.iter().rev().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
+            _ => None,
+        });
+        let lsn = |i: usize| {
+            row.and_then(|r| r.get(i))
+                .and_then(|text| text.parse::<Lsn>().ok())
+                .unwrap_or(Lsn::ZERO)
+        };
+        Ok(Reply::Wal {
+            written: lsn(0),
+            flushed: lsn(1),
+        })
+    })
+}
+
 /// The target's WAL write (insert) and flush positions.
 async fn wal_positions(client: &Client) -> Result<(Lsn, Lsn), tokio_postgres::Error> {
-    let row = client
-        .query_one(
-            "SELECT pg_current_wal_insert_lsn()::text, pg_current_wal_flush_lsn()::text",
-            &[],
-        )
-        .await?;
+    let row = client.query_one(WAL_POSITIONS, &[]).await?;
     let parse = |i: usize| row.get::<_, String>(i).parse::<Lsn>().unwrap_or(Lsn::ZERO);
     Ok((parse(0), parse(1)))
 }
@@ -600,14 +631,18 @@ impl Applier {
     /// Takes in what a request returned.
     fn completed(&mut self, purpose: Purpose, reply: Reply) {
         let rows = match (purpose, reply) {
-            (Purpose::Commit(committed), _) => return self.committed(*committed),
+            (Purpose::Commit(committed), reply) => {
+                let position = committed.position;
+                self.committed(*committed);
+                if let Reply::Wal { written, flushed } = reply {
+                    self.unflushed.push_back((written, position));
+                    self.acknowledge_flushed(flushed);
+                }
+                return;
+            }
             (Purpose::Prepare { key, .. }, Reply::Prepared(statement)) => {
                 self.batch_statements.insert(key, Some(statement));
                 return;
-            }
-            (Purpose::WalPosition(position), Reply::Wal { written, flushed }) => {
-                self.unflushed.push_back((written, position));
-                return self.acknowledge_flushed(flushed);
             }
             (purpose, Reply::Rows(rows)) => (purpose, rows),
             (_, Reply::Wal { .. } | Reply::Prepared(_)) => return,
@@ -675,25 +710,16 @@ impl Applier {
             published: group.published_changed.then(|| self.published.clone()),
         };
         let finish = self.progress.commit_sql(position.lsn, group.commit_time);
-        self.send(
-            Purpose::Commit(Box::new(committed)),
-            simple(&self.client, finish),
-        )
-        .await?;
+        let request = match self.config.synchronous_commit {
+            // Acknowledged once the target has flushed it: the same query
+            // reads where the commit's WAL ends (a statement of its own
+            // was one more for the target to run per commit).
+            crate::config::SynchronousCommit::Off => commit_reading_wal(&self.client, finish),
+            _ => Box::pin(simple(&self.client, finish)),
+        };
+        self.send(Purpose::Commit(Box::new(committed)), request)
+            .await?;
         self.commits_in_flight += 1;
-        if self.config.synchronous_commit == crate::config::SynchronousCommit::Off {
-            let client = self.client.clone();
-            let request = async move {
-                match wal_positions(&client).await {
-                    Ok((written, flushed)) => Ok(Reply::Wal { written, flushed }),
-                    Err(error) => Err(Failed {
-                        error,
-                        params: Vec::new(),
-                    }),
-                }
-            };
-            self.send(Purpose::WalPosition(position), request).await?;
-        }
         Ok(())
     }
 
