@@ -343,11 +343,12 @@ impl JsonlSink {
                 Err(mpsc::error::TryRecvError::Empty) => {
                     self.write_out(&mut buffer)?;
                     let gap = COMMIT_GAP.saturating_sub(last_commit.elapsed());
-                    let came = match next_cursor.is_some() && !gap.is_zero() {
-                        true => runtime
+                    let came = if next_cursor.is_some() && !gap.is_zero() {
+                        runtime
                             .block_on(tokio::time::timeout(gap, events.recv()))
-                            .ok(),
-                        false => None,
+                            .ok()
+                    } else {
+                        None
                     };
                     let next = match came {
                         Some(next) => next,
