@@ -158,7 +158,7 @@ sub_delays() { sub "$1" -c "SELECT extract(epoch FROM seen - created) * 1000 FRO
 # walbridge's transaction delays so far: "stage sum count" per stage
 # (walbridge_transaction_delay_seconds, see crates/walbridge-sink/src/delay.rs).
 delays_now() {
-  curl -sf "http://$admin/metrics" | awk '
+  python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' "http://$admin/metrics" | awk '
     /^walbridge_transaction_delay_seconds_(sum|count)\{/ {
       match($0, /stage="[a-z]+"/); stage = substr($0, RSTART + 7, RLENGTH - 8)
       kind = ($1 ~ /_sum\{/) ? "sum" : "count"
