@@ -90,19 +90,22 @@ for round in $(seq 1 "$sync_rounds"); do
     sub wb -c "SELECT pg_replication_origin_drop('walbridge_replica_bench')" >/dev/null
     sub wb -c "CHECKPOINT" >/dev/null
   fi
-  start=$(now)
+  start=$(now) pub_cpu=$(server_cpu "$work/data") sub_cpu=$(server_cpu "$work/data2")
   sub native -c "CREATE SUBSCRIPTION native_sub CONNECTION 'host=127.0.0.1 port=$port dbname=bench user=postgres' PUBLICATION bench_pub" >/dev/null 2>&1
   until_sub native "SELECT count(*) FILTER (WHERE srsubstate <> 'r') = 0 AND count(*) = 5 FROM pg_subscription_rel"
   native_sync=$(elapsed "$start")
+  native_cpu="publisher $(minus "$(server_cpu "$work/data")" "$pub_cpu") s, subscriber $(minus "$(server_cpu "$work/data2")" "$sub_cpu") s"
 
-  start=$(now)
+  start=$(now) pub_cpu=$(server_cpu "$work/data") sub_cpu=$(server_cpu "$work/data2")
   start_walbridge
   # The source's position appears once every copy connection has committed.
   until_sub wb "$copied"
   wb_sync=$(elapsed "$start")
+  wb_cpu="publisher $(minus "$(server_cpu "$work/data")" "$pub_cpu") s, subscriber $(minus "$(server_cpu "$work/data2")" "$sub_cpu") s, walbridge $(process_cpu "$wb_pid") s"
   accounts=$(sub wb -c "SELECT count(*) FROM pgbench_accounts")
   [ "$accounts" = 1000000 ] || { echo "walbridge copied $accounts rows, not 1000000" >&2; cat "$work/wb/stderr.log" >&2; exit 1; }
   echo "initial sync $round of 1,000,000 pgbench_accounts rows: native ${native_sync}s, walbridge ${wb_sync}s"
+  echo "  CPU: native: $native_cpu; walbridge: $wb_cpu"
   syncs+=("$native_sync $wb_sync")
 done
 

@@ -1283,6 +1283,193 @@ fn an_interrupted_parallel_copy_copies_again_only_the_lanes_that_did_not_commit(
     assert!(running.stop(WAIT).success(), "log:\n{}", r.wb.log());
 }
 
+/// Every index of the subscriber's tables but walbridge's, with what a
+/// rebuild must keep: definition, constraint, replica identity,
+/// clustering; and the foreign keys.
+fn index_catalog(s: &Cluster) -> String {
+    s.psql(
+        "SELECT string_agg(d, E'\\n' ORDER BY d) FROM ( \
+           SELECT format('%s | %s | %s | replident %s | clustered %s | %s', i.indrelid::regclass, \
+                         pg_get_indexdef(i.indexrelid), coalesce(pg_get_constraintdef(c.oid), '-'), \
+                         i.indisreplident, i.indisclustered, coalesce(obj_description(i.indexrelid, 'pg_class'), '-')) \
+           FROM pg_index i JOIN pg_class t ON t.oid = i.indrelid \
+           LEFT JOIN pg_constraint c ON c.conindid = i.indexrelid AND c.contype IN ('p', 'u', 'x') \
+           WHERE t.relnamespace = 'public'::regnamespace AND t.relname NOT LIKE 'walbridge%' \
+           UNION ALL SELECT format('%s | %s', conrelid::regclass, pg_get_constraintdef(oid)) \
+           FROM pg_constraint WHERE contype = 'f') d(d)",
+    )
+}
+
+/// `1` once the sink stored a position of source `src` (the initial copy
+/// is complete), else `0`.
+const POSITION_STORED: &str = "SELECT count(*) FROM pg_replication_origin_status s \
+    JOIN pg_replication_origin o ON o.roident = s.local_id \
+    WHERE o.roname = 'walbridge_replica_src' AND s.remote_lsn > '0/0'";
+
+/// Rows left in the records of indexes deferred past the copy.
+fn deferred_records(s: &Cluster) -> String {
+    s.psql(
+        "SELECT CASE WHEN to_regclass('public.walbridge_deferred_indexes') IS NULL THEN 'none' \
+           ELSE (SELECT count(*)::text FROM public.walbridge_deferred_indexes) END",
+    )
+}
+
+#[test]
+fn the_copy_builds_the_target_indexes_after_the_rows_and_keeps_those_it_cannot_rebuild() {
+    let r = Replication::new(
+        "CREATE TABLE parent (id int PRIMARY KEY, code text UNIQUE DEFERRABLE INITIALLY DEFERRED, \
+                              span int4range, note text, EXCLUDE USING gist (span WITH &&));
+         CREATE INDEX parent_note ON parent (lower(note)) WHERE note IS NOT NULL;
+         CREATE TABLE child (id int PRIMARY KEY, parent_id int REFERENCES parent (id), tag text NOT NULL);
+         CREATE INDEX child_lower_tag ON child (lower(tag)) WITH (fillfactor = 70);
+         CREATE UNIQUE INDEX child_tag_id ON child (tag, id);
+         ALTER TABLE child REPLICA IDENTITY USING INDEX child_tag_id;
+         CREATE INDEX child_parent ON child (parent_id);
+         ALTER TABLE child CLUSTER ON child_parent;
+         CREATE INDEX child_commented ON child (tag);
+         COMMENT ON INDEX child_commented IS 'kept';
+         CREATE TABLE events (id int, at date, PRIMARY KEY (id, at))",
+    );
+    let (p, s) = (&r.publisher, &r.subscriber);
+    // On the target, events is partitioned: its indexes hang together.
+    s.psql(
+        "DROP TABLE events;
+         CREATE TABLE events (id int, at date, PRIMARY KEY (id, at)) PARTITION BY RANGE (at);
+         CREATE TABLE events_2026 PARTITION OF events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')",
+    );
+    p.psql(
+        "INSERT INTO parent SELECT g, 'c' || g, int4range(g * 10, g * 10 + 5), CASE WHEN g % 3 = 0 THEN 'N' || g END \
+           FROM generate_series(1, 20000) g;
+         INSERT INTO child SELECT g, g % 20000 + 1, 'tag' || g FROM generate_series(1, 40000) g;
+         INSERT INTO events SELECT g, date '2026-01-01' + g % 300 FROM generate_series(1, 500) g;
+         CREATE PUBLICATION pub FOR TABLE parent, child, events",
+    );
+    let before = index_catalog(s);
+    r.configure(&["pub"], "", "");
+    let running = r.start();
+    r.wait_subscriber(POSITION_STORED, "1");
+    for table in ["parent", "child", "events"] {
+        r.wait_equal(table);
+    }
+    // Every index is back as it was, and nothing is left recorded.
+    assert_eq!(index_catalog(s), before, "log:\n{}", r.wb.log());
+    assert_eq!(deferred_records(s), "0");
+    // Dropped were exactly those a definition rebuilds: not the key a
+    // foreign key references, the replica identity, the clustering index,
+    // a commented one, nor a partitioned table's.
+    let log = r.wb.log();
+    let dropped: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("dropped the table's indexes for the initial copy"))
+        .filter_map(|l| l.split_once(" table=").map(|(_, rest)| rest))
+        .filter_map(|rest| rest.split_once(" records=").map(|(kept, _)| kept))
+        .collect();
+    let mut dropped = dropped;
+    dropped.sort();
+    assert_eq!(
+        dropped,
+        [
+            "public.child indexes=public.child_pkey, public.child_lower_tag",
+            "public.parent indexes=public.parent_code_key, public.parent_span_excl, public.parent_note",
+        ],
+        "{log}"
+    );
+    // The rebuilt ones work: the deferred unique constraint and the
+    // exclusion constraint still refuse on the target.
+    assert!(
+        s.psql_result("INSERT INTO parent VALUES (-1, 'c1', int4range(-10, -5))")
+            .is_err()
+    );
+    assert!(
+        s.psql_result("INSERT INTO parent VALUES (-2, 'new', int4range(10, 12))")
+            .is_err()
+    );
+    p.psql("UPDATE child SET tag = 'changed' WHERE id <= 10; UPDATE parent SET note = 'updated' WHERE id <= 10");
+    r.wait_equal("child");
+    r.wait_equal("parent");
+    assert!(running.stop(WAIT).success(), "log:\n{}", r.wb.log());
+}
+
+#[test]
+fn indexes_dropped_by_a_copy_that_never_finished_are_recorded_and_built_by_drop() {
+    let r = Replication::new(
+        "CREATE TABLE keyed (id int PRIMARY KEY, pad text);
+         CREATE INDEX keyed_pad ON keyed (pad)",
+    );
+    let (p, s) = (&r.publisher, &r.subscriber);
+    p.psql("INSERT INTO keyed SELECT g, repeat('k', 60) || g FROM generate_series(1, 30000) g");
+    p.psql("CREATE PUBLICATION pub FOR TABLE keyed");
+    let before = index_catalog(s);
+    // Lane 1 cannot commit (see the interrupted parallel copy test), so
+    // the copy never ends.
+    s.psql(
+        "CREATE TABLE public.walbridge_progress (sink text NOT NULL, source text NOT NULL, \
+           lsn pg_lsn NOT NULL, commit_time timestamptz, updated_at timestamptz NOT NULL DEFAULT now(), \
+           PRIMARY KEY (sink, source));
+         CREATE FUNCTION refuse_lane() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN
+             IF NEW.source = 'src/copy 1 of 2' THEN RAISE EXCEPTION 'held by the test: %', NEW.source; END IF;
+             RETURN NEW;
+           END $$;
+         CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON walbridge_progress FOR EACH ROW EXECUTE FUNCTION refuse_lane();
+         ALTER TABLE walbridge_progress ENABLE ALWAYS TRIGGER refuse",
+    );
+    r.configure(&["pub"], "", "progress = \"table\"\ncopy_connections = 2");
+    let running = r.start();
+    wait_for_log(&r.wb, "held by the test: src/copy 1 of 2");
+    running.kill();
+    // Dropped, and recorded in the same transaction.
+    assert_eq!(
+        s.psql("SELECT count(*) FROM pg_indexes WHERE tablename = 'keyed'"),
+        "0"
+    );
+    assert_eq!(deferred_records(s), "2");
+    // The operator gives up on this copy: drop builds them again.
+    let said = r.command_ok(&["drop"]);
+    assert!(
+        said.contains("sink `replica`: built index public.keyed_pkey of public.keyed again")
+            && said.contains("sink `replica`: built index public.keyed_pad of public.keyed again"),
+        "{said}"
+    );
+    assert_eq!(index_catalog(s), before);
+    assert_eq!(deferred_records(s), "0");
+}
+
+#[test]
+fn an_index_the_copied_rows_break_stops_the_copy_until_the_rows_fit() {
+    // The publisher allows duplicate codes; the target's unique index does
+    // not. Only the rebuild after the copy can find that out.
+    let r = Replication::new("CREATE TABLE dup (id int PRIMARY KEY, code int)");
+    let (p, s) = (&r.publisher, &r.subscriber);
+    s.psql("CREATE UNIQUE INDEX dup_code ON dup (code)");
+    p.psql("INSERT INTO dup SELECT g, g FROM generate_series(1, 5000) g; UPDATE dup SET code = 7 WHERE id = 4000");
+    p.psql("CREATE PUBLICATION pub FOR TABLE dup");
+    let before = index_catalog(s);
+    r.configure(&["pub"], "", "");
+    let running = r.start();
+    let log = wait_for_log(
+        &r.wb,
+        "building index public.dup_code of target table public.dup again after the initial copy of source `src`",
+    );
+    assert!(
+        log.contains("Key (code)=(7) is duplicated")
+            && log.contains("make the rows fit (delete duplicates the index refuses)"),
+        "{log}"
+    );
+    // Nothing streams meanwhile: the copy's position is not stored.
+    assert_eq!(s.psql(POSITION_STORED), "0");
+    // The operator removes the duplicate on the target: the next attempt
+    // builds the index, and the copy completes.
+    s.psql("DELETE FROM dup WHERE id = 4000");
+    r.wait_subscriber(POSITION_STORED, "1");
+    assert_eq!(index_catalog(s), before);
+    assert_eq!(deferred_records(s), "0");
+    p.wait_for_streaming(WAIT);
+    p.psql("INSERT INTO dup VALUES (6000, 6000)");
+    r.wait_subscriber("SELECT count(*) FROM dup", "5000");
+    assert!(running.stop(WAIT).success(), "log:\n{}", r.wb.log());
+}
+
 #[test]
 fn check_maps_every_published_table_onto_the_target_before_streaming() {
     let r = Replication::new("SELECT 1");

@@ -121,6 +121,10 @@ fn default_copy_connections() -> usize {
     2
 }
 
+fn default_true() -> bool {
+    true
+}
+
 fn default_pipeline_depth() -> usize {
     256
 }
@@ -173,6 +177,11 @@ pub struct PostgresSinkConfig {
     /// in one transaction on the apply connection.
     #[serde(default = "default_copy_connections")]
     pub copy_connections: usize,
+    /// Drop each target table's indexes before its initial copy and build
+    /// them again after it (recorded on the target first, so a crash never
+    /// loses one; see [`crate::deferred`] for the indexes that stay).
+    #[serde(default = "default_true")]
+    pub defer_indexes: bool,
     /// Where the applied positions are stored.
     #[serde(default)]
     pub progress: ProgressMode,

@@ -54,6 +54,29 @@ pub struct SchemaChangeFailed {
     pub stopped: Option<StoppedOn>,
 }
 
+/// An index dropped for the initial copy that could not be built again.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "building index {index} of target table {table} again after the initial copy of source `{source_name}`: {}; the copied rows are in the table and the copy's position is not stored yet, so each start tries this again: make the rows fit (delete duplicates the index refuses), or drop the index from the plan with `DELETE FROM {records} WHERE sink = '{sink}' AND source = '{source_name}' AND index_name = '{index}'` and build it by hand later: {definition}",
+    describe_pg_error(.source)
+)]
+pub struct IndexRebuildFailed {
+    /// Target table.
+    pub table: String,
+    /// The index.
+    pub index: String,
+    /// The statements that build it.
+    pub definition: String,
+    /// The records table.
+    pub records: String,
+    /// The sink.
+    pub sink: String,
+    /// The source.
+    pub source_name: String,
+    /// Cause.
+    pub source: tokio_postgres::Error,
+}
+
 /// A failure of the postgres sink.
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
@@ -177,6 +200,9 @@ pub enum SinkError {
         /// The source table.
         source_table: String,
     },
+    /// An index dropped for the initial copy could not be built again.
+    #[error(transparent)]
+    IndexRebuild(Box<IndexRebuildFailed>),
     /// A change violated a constraint on the target.
     #[error(
         "conflict on target table {table}: {message}{key}; stopped on {stopped}: nothing after it is applied until the conflicting row is changed on the target or the transaction is skipped with `walbridge skip --sink {sink}`"

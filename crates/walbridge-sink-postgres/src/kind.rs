@@ -10,6 +10,7 @@ use walbridge_sink::{
     SequencesSynced, Sink, SinkConfig, SinkFailure, SinkKind, SinkRun, SourceLog, Visibility,
 };
 
+use crate::deferred::DeferredIndexes;
 use crate::sequences::SequenceOutcome;
 use crate::{PostgresSink, PostgresSinkConfig, PostgresSinkHandle, SinkError};
 
@@ -106,6 +107,10 @@ impl SinkConfig for PostgresSinkConfig {
                     removed: Vec::new(),
                     left: std::iter::once(format!("nothing removed from the target: {e}"))
                         .chain(by_hand())
+                        .chain(
+                            DeferredIndexes::new(&self.progress_table, &self.name, source)
+                                .map(|deferred| deferred.by_hand()),
+                        )
                         .collect(),
                 },
             }

@@ -6,7 +6,8 @@
 //! * Tables are matched by name through the `table` template
 //!   ([`mapping`]), columns by name in any order; target-only columns get
 //!   their defaults.
-//! * The initial copy goes in with `COPY`; changes with prepared,
+//! * The initial copy goes in with `COPY`, into tables whose indexes are
+//!   built after it ([`deferred`]); changes with prepared,
 //!   pipelined statements ([`statement`], [`inflight`]); UPDATE and DELETE
 //!   find rows by the replica identity (every column, one row among
 //!   duplicates, for FULL) and count, rather than fail on, rows that are
@@ -29,6 +30,7 @@ pub mod apply;
 pub mod batch;
 mod config;
 mod connect;
+pub mod deferred;
 mod error;
 pub mod inflight;
 mod kind;

@@ -22,6 +22,7 @@ use walbridge_pg::{quote_ident, quote_literal, quote_qualified};
 use walbridge_sink::Forgotten;
 
 use crate::config::ProgressMode;
+use crate::deferred::DeferredIndexes;
 use crate::error::SinkError;
 
 /// Splits `schema.table` (both parts required).
@@ -495,8 +496,9 @@ async fn may_use_origins(client: &Client) -> Result<bool, SinkError> {
 
 /// What `walbridge drop` of `source` removes from the target of `sink`:
 /// its replication origins (the source's, and its copy lanes') and its
-/// rows of the progress table, whichever exist. What the role may not
-/// remove is left, said with the statement that removes it.
+/// rows of the progress table, whichever exist; and it builds the indexes
+/// an unfinished initial copy dropped. What the role may not remove is
+/// left, said with the statement that removes it.
 pub async fn forget(client: &Client, progress_table: &str, sink: &str, source: &str) -> Forgotten {
     let mut forgotten = Forgotten::default();
     let origin = ProgressStore::origin_name(sink, source);
@@ -568,7 +570,39 @@ pub async fn forget(client: &Client, progress_table: &str, sink: &str, source: &
             failed(format!("deleting from {progress_table}"))(e)
         )),
     }
+    build_deferred(client, progress_table, sink, source, &mut forgotten).await;
     forgotten
+}
+
+/// Builds the indexes an initial copy of `source` that never finished
+/// dropped (see [`crate::deferred`]): the target keeps its indexes
+/// whatever becomes of the copy.
+async fn build_deferred(
+    client: &Client,
+    progress_table: &str,
+    sink: &str,
+    source: &str,
+    forgotten: &mut Forgotten,
+) {
+    let Ok(deferred) = DeferredIndexes::new(progress_table, sink, source) else {
+        return;
+    };
+    let pending = match deferred.pending(client).await {
+        Ok(pending) => pending,
+        Err(e) => {
+            forgotten.left.push(format!("{} ({e})", deferred.by_hand()));
+            return;
+        }
+    };
+    for index in pending {
+        match deferred.build(client, &index).await {
+            Ok(()) => forgotten.removed.push(format!(
+                "built index {} of {} again (an initial copy that did not finish had dropped it)",
+                index.index, index.table
+            )),
+            Err(e) => forgotten.left.push(e.to_string()),
+        }
+    }
 }
 
 /// What [`forget`] would remove, as statements to run on the target by

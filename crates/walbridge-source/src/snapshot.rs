@@ -394,7 +394,7 @@ async fn copy_job(
             table: table.clone(),
             source,
         })?;
-        let n = rows.len() as u64;
+        let (n, bytes) = (rows.len() as u64, rows.text().len() as u64);
         events
             .send(vec![SourceEvent::Snapshot(SnapshotBatch {
                 relation: job.relation.clone(),
@@ -403,8 +403,15 @@ async fn copy_job(
             })])
             .await
             .map_err(|_| SnapshotError::Closed)?;
+        // Counted per batch, not per row: a clock read and four atomic
+        // adds per row were a tenth of the copy's CPU in walbridge.
         progress.rows.fetch_add(n, Ordering::Relaxed);
+        progress.bytes.fetch_add(bytes, Ordering::Relaxed);
         job.tally.rows.fetch_add(n, Ordering::Relaxed);
+        job.tally.bytes.fetch_add(bytes, Ordering::Relaxed);
+        if job.tally.report_due(config.progress_interval) {
+            report_progress(&table, &job.tally);
+        }
         Ok::<(), SnapshotError>(())
     };
     while let Some(chunk) = stream.next().await {
@@ -412,12 +419,6 @@ async fn copy_job(
             table: table.clone(),
             source,
         })?;
-        progress
-            .bytes
-            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-        job.tally
-            .bytes
-            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
         // Batches stay within BATCH_BYTES (the log's record size) unless
         // one row is larger. PostgreSQL sends a row per message, so
         // `pending` normally ends at the end of a row.
@@ -427,9 +428,6 @@ async fn copy_job(
             send(pending.split_to(end + 1).freeze()).await?;
         }
         pending.extend_from_slice(&chunk);
-        if job.tally.report_due(config.progress_interval) {
-            report_progress(&table, &job.tally);
-        }
     }
     if !pending.is_empty() {
         send(pending.freeze()).await?;

@@ -48,6 +48,7 @@ use walbridge_sink::{LogPosition, Routed, SourceContext};
 
 use crate::batch::{BatchKind, Batcher};
 use crate::config::PostgresSinkConfig;
+use crate::deferred::DeferredIndexes;
 use crate::error::{SinkError, StoppedOn};
 use crate::inflight::{Failed, InFlight, Outcome, Reply};
 use crate::mapping::{Mapper, TableMap};
@@ -324,6 +325,9 @@ pub struct Applier {
     /// The initial copy over several connections.
     lanes: Option<Lanes>,
     copied: HashSet<Oid>,
+    /// Where indexes dropped for the initial copy are recorded; `None`
+    /// when tables keep them (`defer_indexes = false`, `source_column`).
+    deferred: Option<DeferredIndexes>,
     /// Inside the initial copy (it may still be arriving, and may never be
     /// finished if the source stops): nothing commits until its end.
     in_snapshot: bool,
@@ -375,6 +379,15 @@ impl Applier {
         let one_by_one_until = parts.state.one_by_one_until(&parts.source.name);
         let counters = Counters::new(&parts.sink, &parts.source.name);
         let published = parts.state.published(&parts.source.name);
+        let deferred = if parts.config.defer_indexes && parts.config.source_column.is_none() {
+            Some(DeferredIndexes::new(
+                &parts.config.progress_table,
+                &parts.sink,
+                &parts.source.name,
+            )?)
+        } else {
+            None
+        };
         Ok(Applier {
             inflight: InFlight::new(parts.config.pipeline_depth),
             sink: parts.sink,
@@ -394,6 +407,7 @@ impl Applier {
             copy: None,
             lanes: None,
             copied: HashSet::new(),
+            deferred,
             in_snapshot: false,
             isolate,
             unflushed: VecDeque::new(),
@@ -496,7 +510,14 @@ impl Applier {
             SourceEvent::Snapshot(batch) => self.snapshot_rows(batch).await,
             SourceEvent::SnapshotComplete { .. } => {
                 self.in_snapshot = false;
-                self.finish_copy().await
+                self.finish_copy().await?;
+                // Copy lanes build them once they commit (`finish_lanes`).
+                if self.lanes.is_none() {
+                    self.drain().await?;
+                    let client = self.client.clone();
+                    self.build_deferred(&[client.as_ref()]).await?;
+                }
+                Ok(())
             }
             // A unit for another sink (`resync --sink`): nothing of it,
             // but its place in the log still counts.

@@ -259,23 +259,15 @@ impl Lanes {
     }
 }
 
-/// Releases the lanes' origins and removes their markers, once the
-/// source's own position covers the copy.
-async fn close_lanes(
-    lanes: Vec<(Client, ProgressStore)>,
-    client: &Client,
-    progress: &ProgressStore,
-    sink: &str,
-) {
+/// Unbinds the lanes' connections from their origins once they committed:
+/// what they run next (building deferred indexes) is no lane's work.
+async fn release_lanes(lanes: &[(Client, ProgressStore)]) {
     for (lane, store) in lanes {
         if matches!(store, ProgressStore::Origin { .. }) {
             let _ = lane
                 .batch_execute("SELECT pg_replication_origin_session_reset()")
                 .await;
         }
-    }
-    if let Err(e) = progress.drop_copy_lanes(client).await {
-        tracing::warn!(sink, error = %e, "could not remove the initial copy's lane markers (they are ignored by later copies)");
     }
 }
 
@@ -352,18 +344,31 @@ impl Applier {
             .await
     }
 
-    /// The whole copy is in the log: commits every lane, then the
-    /// source's position, then removes the lanes' markers.
+    /// The whole copy is in the log: commits every lane, builds the
+    /// deferred indexes, commits the source's position, then removes the
+    /// lanes' markers.
     pub(super) async fn finish_lanes(&mut self) -> Result<(), SinkError> {
         let Some(lanes) = self.lanes.take() else {
             return Ok(());
         };
         let (lanes, rows) = lanes.commit().await?;
         self.totals.rows_copied += rows;
+        tracing::info!(sink = %self.sink, source = %self.source.name, rows, connections = lanes.len(), "copied the snapshot");
+        release_lanes(&lanes).await;
+        // Every lane committed, so the indexes go up side by side on their
+        // connections (on the apply connection when a previous run had
+        // committed every lane already) — before the position commits.
+        let apply = self.client.clone();
+        let mut clients: Vec<&Client> = lanes.iter().map(|(client, _)| client).collect();
+        if clients.is_empty() {
+            clients.push(apply.as_ref());
+        }
+        self.build_deferred(&clients).await?;
         self.commit().await?;
         self.drain().await?;
-        tracing::info!(sink = %self.sink, source = %self.source.name, rows, connections = lanes.len(), "copied the snapshot");
-        close_lanes(lanes, &self.client, &self.progress, &self.sink).await;
+        if let Err(e) = self.progress.drop_copy_lanes(&self.client).await {
+            tracing::warn!(sink = %self.sink, error = %e, "could not remove the initial copy's lane markers (they are ignored by later copies)");
+        }
         Ok(())
     }
 
@@ -388,7 +393,12 @@ impl Applier {
     }
 
     /// Before the first rows of the initial copy go into a table: it must
-    /// be empty (of this source's rows), or be emptied when configured.
+    /// be empty (of this source's rows), or be emptied when configured;
+    /// then its indexes are deferred past the copy.
+    ///
+    /// The check and the drop run on the catalog connection: the apply
+    /// connection may be inside the copy's transaction (one connection),
+    /// and a lock taken there on the table would hold up the drop.
     pub(super) async fn prepare_copy_target(&mut self, map: &TableMap) -> Result<(), SinkError> {
         let filter = map
             .source_tag
@@ -396,8 +406,8 @@ impl Applier {
             .map(|(c, v)| format!(" WHERE {c} = {v}"))
             .unwrap_or_default();
         let table = map.quoted();
-        let has_rows: bool = self
-            .client
+        let catalog = self.catalog.client().clone();
+        let has_rows: bool = catalog
             .query_one(
                 &format!("SELECT EXISTS (SELECT 1 FROM {table}{filter})"),
                 &[],
@@ -408,10 +418,7 @@ impl Applier {
                 map.target.display()
             )))?
             .get(0);
-        if !has_rows {
-            return Ok(());
-        }
-        if !self.config.truncate_before_copy {
+        if has_rows && !self.config.truncate_before_copy {
             return Err(SinkError::TargetNotEmpty {
                 table: map.target.display(),
                 scope: match &map.source_tag {
@@ -420,6 +427,15 @@ impl Applier {
                 },
                 source_table: map.source_table.clone(),
             });
+        }
+        if let Some(deferred) = &self.deferred {
+            let dropped = deferred.defer(&catalog, &map.target).await?;
+            if !dropped.is_empty() {
+                tracing::info!(sink = %self.sink, source = %self.source.name, table = %map.target.display(), indexes = %dropped.join(", "), records = %deferred.records(), "dropped the table's indexes for the initial copy: they are built again after it");
+            }
+        }
+        if !has_rows {
+            return Ok(());
         }
         let empty = match &map.source_tag {
             Some(_) => format!("DELETE FROM {table}{filter}"),
@@ -430,6 +446,21 @@ impl Applier {
             .batch_execute(&empty)
             .await
             .map_err(failed(format!("emptying {}", map.target.display())))
+    }
+
+    /// Builds every index recorded for this sink and source over
+    /// `clients`: at the end of the initial copy, before its position
+    /// commits (also those a previous, unfinished copy recorded).
+    pub(super) async fn build_deferred(&mut self, clients: &[&Client]) -> Result<(), SinkError> {
+        let Some(deferred) = &self.deferred else {
+            return Ok(());
+        };
+        let pending = deferred.pending(self.catalog.client()).await?;
+        if pending.is_empty() {
+            return Ok(());
+        }
+        tracing::info!(sink = %self.sink, source = %self.source.name, indexes = pending.len(), connections = clients.len(), "building the indexes deferred past the initial copy");
+        deferred.build_all(clients, pending).await
     }
 
     pub(super) async fn finish_copy(&mut self) -> Result<(), SinkError> {
