@@ -18,13 +18,6 @@ chunk=${CHUNK:-}
 build_walbridge
 start_postgres "max_wal_senders = 20" "max_replication_slots = 20"
 start_second_postgres "max_wal_size = 8GB" "shared_buffers = 512MB" "max_logical_replication_workers = 8" "wal_retrieve_retry_interval = 100ms"
-sub() { local db=$1; shift; psql -X -q -A -t -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port2" -U postgres -d "$db" "$@"; }
-now() { date +%s.%N; }
-elapsed() { python3 -c "print(f'{$(now) - $1:.3f}')"; }
-until_sub() {
-  local db=$1 condition=$2
-  sub "$db" -c "DO \$\$ BEGIN WHILE NOT ($condition) LOOP COMMIT; PERFORM pg_sleep(0.01); END LOOP; END \$\$"
-}
 
 psql_db postgres -c "CREATE DATABASE bench" >/dev/null
 pgbench -q -i -s 10 -h 127.0.0.1 -p "$port" -U postgres bench >/dev/null 2>&1

@@ -41,6 +41,32 @@ connection = "host=127.0.0.1 port=$port2 dbname=$1 user=postgres sslmode=disable
 CONF
 }
 
+# psql on the second server's database $1.
+sub() { local db=$1; shift; psql -X -q -A -t -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port2" -U postgres -d "$db" "$@"; }
+now() { date +%s.%N; }
+# Seconds since $1 (a `now`).
+elapsed() { python3 -c "print(f'{$(now) - $1:.3f}')"; }
+minus() { python3 -c "print(f'{$1 - $2:.2f}')"; }
+
+# Returns once `condition` holds in the second server's database $1,
+# asked on one connection (a psql started every few milliseconds would
+# fork a backend each time, taking CPU from what is measured); fails if
+# walbridge (when $wb_pid is set) exits first, showing $wb_log.
+until_sub() {
+  local db=$1 condition=$2
+  sub "$db" -c "DO \$\$ BEGIN WHILE NOT ($condition) LOOP COMMIT; PERFORM pg_sleep(0.005); END LOOP; END \$\$" &
+  local waiter=$!
+  if [ -n "${wb_pid:-}" ]; then
+    wait -n "$waiter" "$wb_pid" || true
+    if ! kill -0 "$wb_pid" 2>/dev/null; then
+      kill "$waiter" 2>/dev/null || true
+      cat "${wb_log:-$work/wb/stderr.log}" >&2
+      exit 1
+    fi
+  fi
+  wait "$waiter"
+}
+
 # CPU seconds (user + system) process $1 has used so far.
 cpu_seconds() {
   awk -v tick="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / tick }' "/proc/$1/stat"

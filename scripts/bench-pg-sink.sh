@@ -32,29 +32,6 @@ build_walbridge
 start_postgres "max_wal_senders = 20" "max_replication_slots = 20"
 # A short retry interval: a re-created subscription starts its workers at once.
 start_second_postgres "max_wal_size = 8GB" "shared_buffers = 512MB" "max_logical_replication_workers = 8" "wal_retrieve_retry_interval = 100ms"
-sub() { local db=$1; shift; psql -X -q -A -t -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port2" -U postgres -d "$db" "$@"; }
-now() { date +%s.%N; }
-elapsed() { python3 -c "print(f'{$(now) - $1:.3f}')"; }
-
-# Returns once `condition` holds in the subscriber's database `db`, asked
-# on one connection; fails if walbridge (when running) exits first.
-until_sub() {
-  local db=$1 condition=$2
-  sub "$db" -c "DO \$\$ BEGIN WHILE NOT ($condition) LOOP COMMIT; PERFORM pg_sleep(0.005); END LOOP; END \$\$" &
-  local waiter=$!
-  if [ -n "${wb_pid:-}" ]; then
-    wait -n "$waiter" "$wb_pid" || true
-    if ! kill -0 "$wb_pid" 2>/dev/null; then
-      kill "$waiter" 2>/dev/null || true
-      cat "$work/wb/stderr.log" >&2
-      exit 1
-    fi
-  fi
-  wait "$waiter"
-}
-
-process_cpu() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.2f", ($12 + $13) / hz }' "/proc/$1/stat"; }
-minus() { python3 -c "print(f'{$1 - $2:.2f}')"; }
 
 psql_db postgres -c "CREATE DATABASE bench" >/dev/null
 pgbench -q -i -s 10 -h 127.0.0.1 -p "$port" -U postgres bench >/dev/null 2>&1
@@ -101,7 +78,7 @@ for round in $(seq 1 "$sync_rounds"); do
   # The source's position appears once every copy connection has committed.
   until_sub wb "$copied"
   wb_sync=$(elapsed "$start")
-  wb_cpu="publisher $(minus "$(server_cpu "$work/data")" "$pub_cpu") s, subscriber $(minus "$(server_cpu "$work/data2")" "$sub_cpu") s, walbridge $(process_cpu "$wb_pid") s"
+  wb_cpu="publisher $(minus "$(server_cpu "$work/data")" "$pub_cpu") s, subscriber $(minus "$(server_cpu "$work/data2")" "$sub_cpu") s, walbridge $(cpu_seconds "$wb_pid") s"
   accounts=$(sub wb -c "SELECT count(*) FROM pgbench_accounts")
   [ "$accounts" = 1000000 ] || { echo "walbridge copied $accounts rows, not 1000000" >&2; cat "$work/wb/stderr.log" >&2; exit 1; }
   echo "initial sync $round of 1,000,000 pgbench_accounts rows: native ${native_sync}s, walbridge ${wb_sync}s"
@@ -143,7 +120,7 @@ for round in $(seq 1 "$rounds"); do
   start_walbridge
   until_sub wb "$marker"
   wb=$(elapsed "$start")
-  wb_cpu="publisher $(minus "$(server_cpu "$work/data")" "$pub_cpu") s, subscriber $(minus "$(server_cpu "$work/data2")" "$sub_cpu") s, walbridge $(process_cpu "$wb_pid") s"
+  wb_cpu="publisher $(minus "$(server_cpu "$work/data")" "$pub_cpu") s, subscriber $(minus "$(server_cpu "$work/data2")" "$sub_cpu") s, walbridge $(cpu_seconds "$wb_pid") s"
   echo "round $round: $transactions transactions: pg_recvlogical ${recv}s, native ${native}s, walbridge ${wb}s"
   echo "  CPU: pg_recvlogical: $recv_cpu; native: $native_cpu; walbridge: $wb_cpu"
   results+=("$recv $native $wb")

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The initial copy: walbridge's postgres sink against a native
+# subscription's table sync, on one machine, into one subscriber cluster
+# (default settings but for memory and WAL size), both from nothing each
+# round: no subscription, slot, origin, log or rows.
+#
+# Cases (CASES, default all three), each table shaped like
+# pgbench_accounts (an int primary key, a secondary index on bid, 84
+# bytes of filler):
+#
+# * accounts: 1,000,000 rows in one table, ROUNDS rounds (default 5);
+# * tables10: 10 tables of 100,000 rows, BIG_ROUNDS rounds (default 1);
+# * big:      5,000,000 rows in one table, BIG_ROUNDS rounds.
+#
+# A copy is done when the target holds every row with every index:
+# native, once every table is `ready`; walbridge, once its position is
+# stored (after the deferred indexes are built). Reports per case the
+# median time of each and the ratio, every round's ratio, rows/s and MB/s
+# (MB of the publisher's tables, heap only), and the CPU each side took.
+#
+#   scripts/bench-initial-copy.sh
+#   CASES=accounts ROUNDS=3 scripts/bench-initial-copy.sh
+#   SINK_EXTRA='defer_indexes = false' CASES=accounts scripts/bench-initial-copy.sh
+set -euo pipefail
+source "$(dirname "$0")/bench-common.sh"
+cases=${CASES:-accounts tables10 big}
+rounds=${ROUNDS:-5}
+big_rounds=${BIG_ROUNDS:-1}
+
+build_walbridge
+start_postgres "max_wal_senders = 40" "max_replication_slots = 40"
+# A short retry interval: a new subscription starts its workers at once.
+start_second_postgres "max_wal_size = 16GB" "shared_buffers = 512MB" "max_logical_replication_workers = 8" "wal_retrieve_retry_interval = 100ms"
+
+# Creates database $1 on the publisher with tables $2… of $rows rows each.
+make_source() {
+  local db=$1 rows=$2; shift 2
+  psql_db postgres -c "CREATE DATABASE $db" >/dev/null
+  local table
+  for table in "$@"; do
+    psql_db "$db" -c "CREATE TABLE $table (aid int PRIMARY KEY, bid int NOT NULL, abalance int NOT NULL, filler char(84))" \
+      -c "INSERT INTO $table SELECT g, (g - 1) / 100000 + 1, 0, '' FROM generate_series(1, $rows) g" \
+      -c "CREATE INDEX ${table}_bid ON $table (bid)" -c "VACUUM ANALYZE $table" >/dev/null
+  done
+  psql_db "$db" -c "CREATE PUBLICATION pub FOR TABLE $(IFS=,; echo "$*")" >/dev/null
+  local schema; schema=$(pg_dump --schema-only --no-publications -h 127.0.0.1 -p "$port" -U postgres "$db")
+  local side
+  for side in native wb; do
+    sub postgres -c "CREATE DATABASE ${db}_$side" >/dev/null
+    sub "${db}_$side" <<<"$schema" >/dev/null
+  done
+}
+
+# One case: `copy_case name db rounds table…`; adds its result line to
+# $work/summary.
+copy_case() {
+  local name=$1 db=$2 n=$3; shift 3
+  local tables; tables=$(IFS=,; echo "$*")
+  local rows mb
+  local count_rows; count_rows="SELECT sum(n) FROM (VALUES $(printf "((SELECT count(*) FROM %s)), " "$@" | sed 's/, $//')) c(n)"
+  rows=$(psql_db "$db" -c "$count_rows")
+  mb=$(psql_db "$db" -c "SELECT round(sum(pg_table_size(relid)) / 1e6) FROM pg_stat_user_tables")
+  mkdir -p "$work/$name"
+  wb_log="$work/$name/stderr.log"
+  cat > "$work/$name/config.toml" <<CONF
+data_dir = "$work/$name/data"
+
+[[source]]
+name = "src"
+connection = "host=127.0.0.1 port=$port dbname=$db user=postgres sslmode=disable"
+publications = ["pub"]
+${SOURCE_EXTRA:-}
+[[sink]]
+name = "replica"
+type = "postgres"
+connection = "host=127.0.0.1 port=$port2 dbname=${db}_wb user=postgres sslmode=disable"
+${SINK_EXTRA:-}
+CONF
+  local stored="EXISTS (SELECT FROM pg_replication_origin_status s JOIN pg_replication_origin o ON o.roident = s.local_id WHERE o.roname = 'walbridge_replica_src' AND s.remote_lsn > '0/0')"
+  local ready="SELECT count(*) FILTER (WHERE srsubstate <> 'r') = 0 AND count(*) = $# FROM pg_subscription_rel"
+  local round start pub_cpu sub_cpu native wb results=()
+  for round in $(seq 1 "$n"); do
+    sub "${db}_native" -c CHECKPOINT >/dev/null
+    start=$(now) pub_cpu=$(server_cpu "$work/data") sub_cpu=$(server_cpu "$work/data2")
+    sub "${db}_native" -c "CREATE SUBSCRIPTION native_$db CONNECTION 'host=127.0.0.1 port=$port dbname=$db user=postgres' PUBLICATION pub" >/dev/null 2>&1
+    until_sub "${db}_native" "$ready"
+    native=$(elapsed "$start")
+    local native_cpu="publisher $(minus "$(server_cpu "$work/data")" "$pub_cpu") s, subscriber $(minus "$(server_cpu "$work/data2")" "$sub_cpu") s"
+    sub "${db}_native" -c "DROP SUBSCRIPTION native_$db" -c "TRUNCATE $tables" -c CHECKPOINT >/dev/null 2>&1
+
+    start=$(now) pub_cpu=$(server_cpu "$work/data") sub_cpu=$(server_cpu "$work/data2")
+    "$bin" run -c "$work/$name/config.toml" 2>>"$wb_log" & wb_pid=$!
+    until_sub "${db}_wb" "$stored"
+    wb=$(elapsed "$start")
+    local wb_cpu="publisher $(minus "$(server_cpu "$work/data")" "$pub_cpu") s, subscriber $(minus "$(server_cpu "$work/data2")" "$sub_cpu") s, walbridge $(cpu_seconds "$wb_pid") s"
+    kill -TERM "$wb_pid"; wait "$wb_pid" || true; wb_pid=
+    local got; got=$(sub "${db}_wb" -c "$count_rows")
+    [ "$got" = "$rows" ] || { echo "$name: walbridge copied $got rows, not $rows" >&2; cat "$wb_log" >&2; exit 1; }
+    local indexes="SELECT string_agg(indexdef, ';' ORDER BY indexdef) FROM pg_indexes WHERE schemaname = 'public' AND tablename NOT LIKE 'walbridge%'"
+    [ "$(sub "${db}_wb" -c "$indexes")" = "$(sub "${db}_native" -c "$indexes")" ] \
+      || { echo "$name: the indexes differ after walbridge's copy" >&2; exit 1; }
+    echo "$name round $round: native ${native}s ($native_cpu); walbridge ${wb}s ($wb_cpu)"
+    results+=("$native $wb")
+    psql_db "$db" -c "SELECT pg_drop_replication_slot('walbridge_src')" >/dev/null
+    rm -rf "$work/$name/data"
+    sub "${db}_wb" -c "TRUNCATE $tables" -c "SELECT pg_replication_origin_drop('walbridge_replica_src')" -c CHECKPOINT >/dev/null
+  done
+  python3 - "$name" "$rows" "$mb" "${results[@]}" >> "$work/summary" <<'PY'
+import statistics, sys
+name, rows, mb = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+rounds = [tuple(map(float, r.split())) for r in sys.argv[4:]]
+native = statistics.median(r[0] for r in rounds)
+wb = statistics.median(r[1] for r in rounds)
+ratios = ", ".join(f"{n / w:.2f}x" for n, w in rounds)
+print(f"{name}: {rows:,} rows, {mb:.0f} MB, median of {len(rounds)}: "
+      f"native {native:.2f} s ({rows / native:,.0f} rows/s, {mb / native:.0f} MB/s), "
+      f"walbridge {wb:.2f} s ({rows / wb:,.0f} rows/s, {mb / wb:.0f} MB/s) = {native / wb:.2f}x native (rounds: {ratios})")
+PY
+}
+
+for case in $cases; do
+  case $case in
+    accounts)
+      make_source accounts 1000000 accounts
+      copy_case accounts accounts "$rounds" accounts ;;
+    tables10)
+      make_source tables10 100000 t01 t02 t03 t04 t05 t06 t07 t08 t09 t10
+      copy_case tables10 tables10 "$big_rounds" t01 t02 t03 t04 t05 t06 t07 t08 t09 t10 ;;
+    big)
+      make_source big 5000000 big
+      copy_case big big "$big_rounds" big ;;
+    *) echo "unknown case $case (accounts, tables10, big)" >&2; exit 2 ;;
+  esac
+done
+cat "$work/summary"
