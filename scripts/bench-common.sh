@@ -67,6 +67,20 @@ until_sub() {
   wait "$waiter"
 }
 
+# The benchmarks' Python (a venv with matplotlib for the plots, made when
+# missing, in the cache the test tools use); prints its path.
+bench_venv() {
+  local cache
+  if [ "$(id -u)" = 0 ]; then cache=/var/cache/walbridge; else cache="${XDG_CACHE_HOME:-$HOME/.cache}/walbridge"; fi
+  local venv="${WALBRIDGE_BENCH_VENV:-$cache/bench-venv}" matplotlib_version=3.9.4
+  if ! "$venv/bin/python" -c "import matplotlib, sys; sys.exit(matplotlib.__version__ != '$matplotlib_version')" 2>/dev/null; then
+    echo "installing matplotlib $matplotlib_version into $venv" >&2
+    python3 -m venv "$venv" >&2
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "matplotlib==$matplotlib_version" >&2
+  fi
+  echo "$venv/bin/python"
+}
+
 # CPU seconds (user + system) process $1 has used so far.
 cpu_seconds() {
   awk -v tick="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / tick }' "/proc/$1/stat"

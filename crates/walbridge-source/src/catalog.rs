@@ -41,7 +41,7 @@ struct TypeRow {
 }
 
 /// Resolves type OIDs to names and [`ValueKind`]s, caching what it learned.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct TypeCatalog {
     rows: HashMap<Oid, TypeRow>,
 }
@@ -50,6 +50,25 @@ impl TypeCatalog {
     /// An empty cache.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Loads the types of every column of `tables` with one query, so
+    /// that describing them asks nothing more about types.
+    pub async fn load_tables(
+        &mut self,
+        client: &Client,
+        tables: &[Oid],
+    ) -> Result<(), CatalogError> {
+        let rows = client
+            .query(
+                "SELECT DISTINCT atttypid FROM pg_attribute \
+                 WHERE attrelid = ANY($1) AND attnum > 0 AND NOT attisdropped",
+                &[&tables],
+            )
+            .await
+            .map_err(query_error("pg_attribute"))?;
+        self.load(client, rows.iter().map(|row| row.get::<_, Oid>(0)))
+            .await
     }
 
     async fn load(

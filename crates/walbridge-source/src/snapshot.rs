@@ -20,9 +20,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use futures_util::StreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 use tokio::sync::{Mutex, mpsc};
-use walbridge_core::{CopyText, EventBatch, Lsn, Relation, SnapshotBatch, SourceEvent};
+use walbridge_core::{CopyText, EventBatch, Lsn, Oid, Relation, SnapshotBatch, SourceEvent};
 
 use crate::catalog::{CatalogError, PublishedTable, TypeCatalog, describe_table};
 use crate::config::SourceConfig;
@@ -32,6 +32,9 @@ use walbridge_pg::{quote_ident, quote_literal};
 /// Bytes of rows per batch handed downstream: at most the log's record
 /// size (`walbridge_log::MAX_CHUNK_BYTES`), so a batch is one record.
 const BATCH_BYTES: usize = 1 << 20;
+
+/// Tables described at once while planning the copy.
+const PLANNING_QUERIES: usize = 32;
 
 /// The snapshot failed.
 #[derive(Debug, thiserror::Error)]
@@ -213,6 +216,7 @@ pub async fn copy_tables(
         sessions.push(client);
     }
     // Plan with the first session: describe tables and split large ones.
+    let planning = Instant::now();
     let planner = &sessions[0];
     let mut types = TypeCatalog::new();
     let mut jobs = VecDeque::new();
@@ -228,18 +232,32 @@ pub async fn copy_tables(
     progress
         .tables_total
         .store(tables.len() as u64, Ordering::Relaxed);
-    for table in tables {
-        let relation = Arc::new(describe_table(planner, &mut types, &table).await?);
-        let class = planner
-            .query_one(
-                "SELECT pg_relation_size(oid), relkind = 'p', reltuples::int8 FROM pg_class WHERE oid = $1",
-                &[&table.oid],
-            )
-            .await
-            .map_err(|source| SnapshotError::Copy {
-                table: table.quoted_name(),
-                source,
-            })?;
+    // The types first, in one query; then the tables' descriptions, many
+    // at once on the one connection (each is a few queries that would
+    // otherwise wait for each other: 2 ms a table, 18 s for 10,000).
+    let oids: Vec<Oid> = tables.iter().map(|t| t.oid).collect();
+    types.load_tables(planner, &oids).await?;
+    let types = &types;
+    let described: Vec<_> = futures_util::stream::iter(tables)
+        .map(|table| async move {
+            let relation = describe_table(planner, &mut types.clone(), &table).await?;
+            let class = planner
+                .query_one(
+                    "SELECT pg_relation_size(oid), relkind = 'p', reltuples::int8 FROM pg_class WHERE oid = $1",
+                    &[&table.oid],
+                )
+                .await
+                .map_err(|source| SnapshotError::Copy {
+                    table: table.quoted_name(),
+                    source,
+                })?;
+            Ok::<_, SnapshotError>((table, relation, class))
+        })
+        .buffered(PLANNING_QUERIES)
+        .try_collect()
+        .await?;
+    for (table, relation, class) in described {
+        let relation = Arc::new(relation);
         let (size, partitioned, reltuples): (i64, bool, i64) =
             (class.get(0), class.get(1), class.get(2));
         let pages = (size.max(0) as u64).div_ceil(block_size.max(1) as u64);
@@ -276,6 +294,13 @@ pub async fn copy_tables(
             });
         }
     }
+    tracing::info!(
+        source = %config.name,
+        tables = planned.len(),
+        chunks = jobs.len(),
+        seconds = format!("{:.2}", planning.elapsed().as_secs_f64()),
+        "planned the initial copy"
+    );
     *progress.tables.lock().unwrap_or_else(|p| p.into_inner()) = planned;
     let queue = Mutex::new(jobs);
     let run = sessions.iter().map(|client| async {
