@@ -39,11 +39,15 @@ use walbridge_core::describe;
 const QUEUE: usize = 64;
 
 /// Hand-overs queued between a feeder and its sink: each holds up to
-/// [`FEED_BATCH`] events, or one log record (a chunk of up to about 1 MiB).
+/// [`FEED_BATCH`] events and [`FEED_BYTES`] of records, or one log record
+/// (a chunk of up to about 1 MiB).
 const SINK_QUEUE: usize = 16;
 
-/// Events a feeder gathers from consecutive records into one hand-over.
+/// Events a feeder gathers from consecutive records into one hand-over …
 const FEED_BATCH: usize = 256;
+
+/// … and bytes of records: with wide rows, 256 events were hundreds of MB.
+const FEED_BYTES: u64 = 256 << 10;
 
 /// The first wait before a failed sink is started again; it doubles with
 /// every failure, up to a minute.
@@ -797,8 +801,10 @@ impl Feeder {
                         events: Vec::new(),
                     };
                     let mut next = Some(record);
+                    let mut bytes = 0;
                     // Small records travel together: one hand-over per batch, not per transaction.
                     while let Some(record) = next.take() {
+                        bytes += record.size;
                         routed.events.extend(record.entry.into_events());
                         routed.position = record.unit_end.then_some(LogPosition {
                             next: record.seq + 1,
@@ -807,7 +813,7 @@ impl Feeder {
                         if let Some(position) = routed.position {
                             routed.boundaries.push((routed.events.len(), position));
                         }
-                        if routed.events.len() < FEED_BATCH {
+                        if routed.events.len() < FEED_BATCH && bytes < FEED_BYTES {
                             next = self.reader.try_next().map_err(failed)?;
                         }
                     }

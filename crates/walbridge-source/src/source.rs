@@ -99,6 +99,11 @@ impl Backoff {
 /// Changes per batch handed downstream; a large transaction goes in several.
 const MAX_BATCH: usize = 256;
 
+/// … and about this many bytes of changes (by their memory estimate): with
+/// wide rows a batch of 256 changes was hundreds of MB, and the queue to
+/// the log holds 64 batches.
+const MAX_BATCH_BYTES: usize = 256 << 10;
+
 /// Prefix of the logical messages the source emits as a heartbeat; they
 /// advance the slot on a quiet database and are not passed downstream.
 pub const HEARTBEAT_PREFIX: &str = "walbridge.heartbeat";
@@ -1295,6 +1300,7 @@ impl Source {
         let name = &self.config.name;
         let mut lost = None;
         let mut batch = Vec::with_capacity(MAX_BATCH);
+        let mut batch_bytes = 0;
         batch.push(SourceEvent::Begin(info.clone()));
         let mut passed = Vec::new();
         for change in changes {
@@ -1310,9 +1316,11 @@ impl Source {
                     continue;
                 }
                 self.stats.count(&change);
+                batch_bytes += change.approximate_size();
                 batch.push(SourceEvent::Change(change));
-                if batch.len() >= MAX_BATCH {
+                if batch.len() >= MAX_BATCH || batch_bytes >= MAX_BATCH_BYTES {
                     let full = std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH));
+                    batch_bytes = 0;
                     self.deliver(
                         conn, events, flushed, shutdown, assembler, feedback, &mut lost, full,
                     )
