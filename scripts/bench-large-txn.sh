@@ -17,12 +17,12 @@ end=$(psql_db postgres -c "SELECT pg_current_wal_lsn()")
 # The most the spill directory held, sampled every 100 ms.
 spill_dir="$work/wb-big_slot/data/sources/bench/spill"
 ( peak=0; while :; do
-    size=$(du -sb "$spill_dir" 2>/dev/null | cut -f1); size=${size:-0}
+    size=$(du -sb "$spill_dir" 2>/dev/null | cut -f1 || true); size=${size:-0}
     [ "$size" -gt "$peak" ] && { peak=$size; echo "$peak" > "$work/spill-peak"; }
     sleep 0.1
   done ) & sampler=$!
 read -r seconds peak_rss_kb _ < <(walbridge_until big_slot "$end" postgres big_pub "$work/out.jsonl")
-kill "$sampler"
+kill "$sampler" 2>/dev/null || true
 spilled=$(cat "$work/spill-peak" 2>/dev/null || echo 0)
 lines=$(wc -l < "$work/out.jsonl")
 echo "rows: $rows, lines written: $lines, time: ${seconds}s, peak RSS: $((peak_rss_kb / 1024)) MB, spilled at most: $((spilled / 1000000)) MB"

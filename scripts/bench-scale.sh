@@ -17,9 +17,10 @@
 # (One transaction of 10,000,000 rows: `ROWS=10000000
 # scripts/bench-large-txn.sh`.)
 #
-# Prints a table per part and draws each as a PNG in PLOTS (default
-# bench-scale/ under the current directory) with matplotlib, installed
-# into the benchmarks' venv when missing.
+# Prints a table per part, keeps it in PLOTS (default bench-scale/ under
+# the current directory) and draws it there as a PNG with matplotlib
+# (scripts/bench-scale-plot.py; installed into the benchmarks' venv when
+# missing).
 #
 #   scripts/bench-scale.sh
 #   PARTS=tables TABLES="1 100" scripts/bench-scale.sh
@@ -207,32 +208,6 @@ for part in $parts; do
   esac
   echo "== $part"
   cat "$work/$part.txt"
-  "$python" - "$work/$part.txt" "$plots/$part.png" "$part" <<'PY'
-import sys
-import matplotlib
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-table, out, part = sys.argv[1:]
-lines = [l.split(" | ") for l in open(table).read().strip().splitlines()]
-head, rows = lines[0], lines[1:]
-x = [float(r[0]) for r in rows]
-fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-series = {
-    "tables": [([1, 2, 3], "seconds"), ([4, 5], "MB")],
-    "sources": [([1, 3], "MB"), ([2, 4], "% of a core")],
-    "widths": [([4], "MB/s"), ([5], "MB")],
-}[part]
-for ax, (columns, unit) in zip(axes, series):
-    for c in columns:
-        ax.plot(x, [float(r[c].split(",")[0]) for r in rows], marker="o", label=head[c])
-    ax.set_xscale("log")
-    ax.set_xlabel(head[0])
-    ax.set_ylabel(unit)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-fig.suptitle(f"walbridge: cost against {head[0]}")
-fig.tight_layout()
-fig.savefig(out, dpi=90)
-print(f"drew {out}")
-PY
+  cp "$work/$part.txt" "$plots/$part.txt"
+  "$python" "$here/scripts/bench-scale-plot.py" "$plots/$part.txt" "$plots/$part.png" "$part"
 done
