@@ -45,8 +45,37 @@ pub fn datum_to_json(datum: &Datum, kind: &ValueKind, unchanged_placeholder: &Va
     }
 }
 
+/// The value as the JSON string it becomes, without building a
+/// [`Value`]: for text of the kinds written as their text output as it is
+/// (`None` for every other value; [`datum_to_json`] converts those).
+pub fn plain_text<'a>(datum: &'a Datum, kind: &ValueKind) -> Option<&'a str> {
+    match datum {
+        Datum::Text(bytes) if is_plain_text(kind) => std::str::from_utf8(bytes).ok(),
+        _ => None,
+    }
+}
+
+/// Kinds whose JSON is their text output as a string.
+fn is_plain_text(kind: &ValueKind) -> bool {
+    matches!(
+        kind,
+        ValueKind::Numeric
+            | ValueKind::Text
+            | ValueKind::Interval
+            | ValueKind::Uuid
+            | ValueKind::Enum
+            | ValueKind::Composite
+            | ValueKind::Range
+            | ValueKind::Time
+            | ValueKind::Other
+    )
+}
+
 /// Converts the text output form of a value of `kind` to JSON.
 pub fn text_to_json(text: &str, kind: &ValueKind) -> Value {
+    if is_plain_text(kind) {
+        return Value::String(text.to_owned());
+    }
     match kind {
         ValueKind::Bool => match text {
             "t" | "true" => Value::Bool(true),
@@ -63,7 +92,6 @@ pub fn text_to_json(text: &str, kind: &ValueKind) -> Value {
             serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
         }
         ValueKind::Date => Value::String(iso_date(text)),
-        ValueKind::Time => Value::String(text.to_owned()),
         ValueKind::TimeTz => Value::String(iso_time_tz(text)),
         ValueKind::Timestamp => Value::String(iso_timestamp(text, false)),
         ValueKind::TimestampTz => Value::String(iso_timestamp(text, true)),
@@ -71,14 +99,8 @@ pub fn text_to_json(text: &str, kind: &ValueKind) -> Value {
             Some(tree) => array_to_json(&tree, element),
             None => Value::String(text.to_owned()),
         },
-        ValueKind::Numeric
-        | ValueKind::Text
-        | ValueKind::Interval
-        | ValueKind::Uuid
-        | ValueKind::Enum
-        | ValueKind::Composite
-        | ValueKind::Range
-        | ValueKind::Other => Value::String(text.to_owned()),
+        // The plain kinds, returned above.
+        _ => Value::String(text.to_owned()),
     }
 }
 
