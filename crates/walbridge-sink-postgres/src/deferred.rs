@@ -32,17 +32,12 @@ use futures_util::future::try_join_all;
 use tokio_postgres::Client;
 use walbridge_pg::{quote_literal, quote_qualified};
 
-use crate::error::{IndexRebuildFailed, SinkError};
+use crate::error::{IndexRebuildFailed, SinkError, failed};
 use crate::progress::split_qualified;
 use crate::target::TargetTable;
 
 /// The table of records, in the progress table's schema.
 const RECORDS: &str = "walbridge_deferred_indexes";
-
-fn failed(what: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> SinkError {
-    let what = what.into();
-    move |source| SinkError::Target { what, source }
-}
 
 /// A table's indexes that can be dropped and built again, each with its
 /// table's and its own name, the statements that build it, whether they end by altering the

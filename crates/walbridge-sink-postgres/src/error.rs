@@ -315,6 +315,12 @@ pub enum SinkError {
     },
 }
 
+/// Maps a failed statement to [`SinkError::Target`], saying what it was doing.
+pub(crate) fn failed(what: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> SinkError {
+    let what = what.into();
+    move |source| SinkError::Target { what, source }
+}
+
 impl SinkError {
     /// The source transaction the error stopped on, if it is one that
     /// `walbridge skip` can skip.

@@ -23,7 +23,7 @@ use walbridge_sink::Forgotten;
 
 use crate::config::ProgressMode;
 use crate::deferred::DeferredIndexes;
-use crate::error::SinkError;
+use crate::error::{SinkError, failed};
 
 /// Splits `schema.table` (both parts required).
 pub fn split_qualified(name: &str) -> Result<(&str, &str), String> {
@@ -31,11 +31,6 @@ pub fn split_qualified(name: &str) -> Result<(&str, &str), String> {
         Some((s, t)) if !s.is_empty() && !t.is_empty() => Ok((s, t)),
         _ => Err(format!("`{name}`: write it as schema.table")),
     }
-}
-
-fn failed(what: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> SinkError {
-    let what = what.into();
-    move |source| SinkError::Target { what, source }
 }
 
 /// The functions a role must be able to execute to track progress with an origin.

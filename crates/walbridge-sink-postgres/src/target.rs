@@ -10,7 +10,7 @@ use tokio_postgres::Client;
 use walbridge_core::Oid;
 use walbridge_pg::{quote_ident, quote_qualified};
 
-use crate::error::SinkError;
+use crate::error::{SinkError, failed};
 
 /// A column of a target table.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -110,10 +110,6 @@ pub struct TargetCatalog {
     comparable: HashMap<Oid, bool>,
 }
 
-fn lookup_error(what: String) -> impl FnOnce(tokio_postgres::Error) -> SinkError {
-    move |source| SinkError::Target { what, source }
-}
-
 impl TargetCatalog {
     /// A catalog reading through `client`.
     pub fn new(client: Client) -> Self {
@@ -182,7 +178,7 @@ impl TargetCatalog {
                 &[&quoted],
             )
             .await
-            .map_err(lookup_error(format!("looking up table {display}")))?;
+            .map_err(failed(format!("looking up table {display}")))?;
         let Some(row) = row else {
             return Ok(None);
         };
@@ -210,7 +206,7 @@ impl TargetCatalog {
                 &[&oid],
             )
             .await
-            .map_err(lookup_error(format!(
+            .map_err(failed(format!(
                 "reading the triggers and identity columns of {display}"
             )))?;
         let (has_apply_triggers, has_always_identity): (bool, bool) = (flags.get(0), flags.get(1));
@@ -249,7 +245,7 @@ impl TargetCatalog {
                 &[&oid],
             )
             .await
-            .map_err(lookup_error(format!("reading the columns of {display}")))?;
+            .map_err(failed(format!("reading the columns of {display}")))?;
         let mut columns = Vec::with_capacity(rows.len());
         for row in rows {
             let compared_type: Oid = row.get(4);
@@ -282,14 +278,14 @@ impl TargetCatalog {
             .client
             .query_one("SELECT format_type($1, NULL)", &[&type_oid])
             .await
-            .map_err(lookup_error(format!("type {type_oid}")))?
+            .map_err(failed(format!("type {type_oid}")))?
             .get(0);
         let probe = format!("SELECT NULL::{name} IS NOT DISTINCT FROM NULL::{name}");
         let comparable = match self.client.simple_query(&probe).await {
             Ok(_) => true,
             // 42883: undefined_function (no equality operator).
             Err(e) if e.code().is_some_and(|c| c.code() == "42883") => false,
-            Err(e) => return Err(lookup_error(format!("type {name}"))(e)),
+            Err(e) => return Err(failed(format!("type {name}"))(e)),
         };
         self.comparable.insert(type_oid, comparable);
         Ok(comparable)
@@ -312,7 +308,7 @@ impl TargetCatalog {
                 &[&oid],
             )
             .await
-            .map_err(lookup_error(format!("reading the indexes of {display}")))?;
+            .map_err(failed(format!("reading the indexes of {display}")))?;
         let has_primary_key = rows.first().is_some_and(|r| r.get::<_, bool>(0));
         Ok((rows.iter().map(|r| r.get(1)).collect(), has_primary_key))
     }

@@ -49,7 +49,7 @@ use walbridge_sink::{LogPosition, Routed, SourceContext};
 use crate::batch::{BatchKind, Batcher};
 use crate::config::PostgresSinkConfig;
 use crate::deferred::DeferredIndexes;
-use crate::error::{SinkError, StoppedOn};
+use crate::error::{SinkError, StoppedOn, failed};
 use crate::inflight::{Failed, InFlight, Outcome, Reply};
 use crate::mapping::{Mapper, TableMap};
 use crate::progress::ProgressStore;
@@ -245,11 +245,6 @@ fn simple(client: &Arc<Client>, sql: String) -> impl Future<Output = Outcome> + 
                 params: Vec::new(),
             })
     }
-}
-
-fn failed(what: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> SinkError {
-    let what = what.into();
-    move |source| SinkError::Target { what, source }
 }
 
 /// What the target's WAL positions are read with.
