@@ -17,13 +17,14 @@
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::Serialize;
-use serde::ser::SerializeMap;
+use serde::ser::{SerializeMap, SerializeStruct};
 use serde_json::{Value, json};
 use walbridge_core::json::{datum_to_json, plain_text};
 use walbridge_core::{
-    Change, ColumnChange, LogicalMessage, Lsn, OldRowKind, PgTimestamp, Relation, Row,
-    SequenceValues, TransactionInfo, update_new_row,
+    Change, ColumnChange, LogicalMessage, Lsn, OldRowKind, Relation, Row, SequenceValues,
+    TransactionInfo, update_new_row,
 };
+use walbridge_sink::SourceBlock;
 
 /// Writes change lines for one sink.
 #[derive(Debug)]
@@ -65,21 +66,10 @@ impl Encoder {
         lsn: Lsn,
         snapshot: bool,
     ) -> SourceObject<'a> {
-        let transaction = at.transaction;
-        SourceObject {
-            name: at.source,
-            db: at.database,
-            schema: relation.map(|r| r.schema.as_str()),
-            table: relation.map(|r| r.name.as_str()),
-            lsn,
-            commit_lsn: transaction.map(|t| t.commit_lsn),
-            xid: transaction.map(|t| t.xid),
-            ts_us: transaction.map_or_else(
-                || PgTimestamp::now().unix_micros(),
-                |t| t.commit_time.unix_micros(),
-            ),
+        SourceObject(SourceBlock {
             snapshot,
-        }
+            ..SourceBlock::new(at.source, at.database, relation, lsn, at.transaction)
+        })
     }
 
     fn write(out: &mut Vec<u8>, line: &impl Serialize) {
@@ -148,10 +138,10 @@ impl Encoder {
     /// Appends a line per sequence.
     pub fn sequences(&self, out: &mut Vec<u8>, at: &Position<'_>, values: &SequenceValues) {
         for sequence in &values.sequences {
-            let source = SourceObject {
+            let source = SourceObject(SourceBlock {
                 ts_us: values.read_time.unix_micros(),
-                ..self.source(at, None, values.lsn, false)
-            };
+                ..self.source(at, None, values.lsn, false).0
+            });
             let line = json!({
                 "op": "q",
                 "source": source,
@@ -238,34 +228,35 @@ struct RowLine<'a> {
     after: Option<RowObject<'a>>,
 }
 
-/// Where a line's change comes from.
-#[derive(Serialize)]
-struct SourceObject<'a> {
-    name: &'a str,
-    db: &'a str,
-    schema: Option<&'a str>,
-    table: Option<&'a str>,
-    #[serde(serialize_with = "as_text")]
-    lsn: Lsn,
-    #[serde(serialize_with = "option_as_text")]
-    commit_lsn: Option<Lsn>,
-    xid: Option<u32>,
-    ts_us: i64,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    snapshot: bool,
+/// Where a line's change comes from: the `source` object, the snapshot
+/// key only on snapshot rows.
+struct SourceObject<'a>(SourceBlock<'a>);
+
+impl Serialize for SourceObject<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let block = &self.0;
+        let mut object = serializer.serialize_struct("source", 9)?;
+        object.serialize_field("name", block.name)?;
+        object.serialize_field("db", block.database)?;
+        object.serialize_field("schema", &block.schema)?;
+        object.serialize_field("table", &block.table)?;
+        object.serialize_field("lsn", &AsText(block.lsn))?;
+        object.serialize_field("commit_lsn", &block.commit_lsn.map(AsText))?;
+        object.serialize_field("xid", &block.xid)?;
+        object.serialize_field("ts_us", &block.ts_us)?;
+        if block.snapshot {
+            object.serialize_field("snapshot", &true)?;
+        }
+        object.end()
+    }
 }
 
-fn as_text<S: serde::Serializer>(lsn: &Lsn, serializer: S) -> Result<S::Ok, S::Error> {
-    serializer.collect_str(lsn)
-}
+/// A value written as the string its `Display` makes (an LSN as `0/16B3748`).
+struct AsText<T>(T);
 
-fn option_as_text<S: serde::Serializer>(
-    lsn: &Option<Lsn>,
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    match lsn {
-        Some(lsn) => serializer.collect_str(lsn),
-        None => serializer.serialize_none(),
+impl<T: std::fmt::Display> Serialize for AsText<T> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&self.0)
     }
 }
 
@@ -302,7 +293,7 @@ mod tests {
     use std::sync::Arc;
 
     use bytes::Bytes;
-    use walbridge_core::{Column, Datum, OldRow, ReplicaIdentity, ValueKind};
+    use walbridge_core::{Column, Datum, OldRow, PgTimestamp, ReplicaIdentity, ValueKind};
 
     use super::*;
 

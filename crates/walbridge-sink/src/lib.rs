@@ -26,6 +26,7 @@
 
 mod delay;
 mod feed;
+mod source_block;
 
 use std::future::Future;
 use std::path::Path;
@@ -37,6 +38,7 @@ use walbridge_core::{Lsn, Relation, SequenceValues};
 
 pub use delay::{DELAY_BUCKETS, DELAY_METRIC, SinkDelays, SourceDelay, describe_delay};
 pub use feed::{LogPosition, Routed, SourceContext, SourceLog};
+pub use source_block::SourceBlock;
 pub use walbridge_log::{CursorPosition, CursorState, Log, LogError, Visibility};
 
 /// A future a sink returns through the contract.
