@@ -1216,6 +1216,24 @@ fn the_copy_refuses_a_target_with_rows_unless_told_to_empty_it_and_names_missing
     assert!(status.success(), "exit {status}; log:\n{}", r.wb.log());
 }
 
+/// Makes the subscriber's progress table refuse to store any row for which
+/// `refused` (a condition on `NEW`) holds, with the error "held by the
+/// test: <source>": an ENABLE ALWAYS trigger, so it fires while applying.
+fn hold_progress_rows(s: &Cluster, refused: &str) {
+    s.psql(&format!(
+        "CREATE TABLE public.walbridge_progress (sink text NOT NULL, source text NOT NULL, \
+           lsn pg_lsn NOT NULL, commit_time timestamptz, updated_at timestamptz NOT NULL DEFAULT now(), \
+           PRIMARY KEY (sink, source));
+         CREATE FUNCTION refuse_held() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN
+             IF {refused} THEN RAISE EXCEPTION 'held by the test: %', NEW.source; END IF;
+             RETURN NEW;
+           END $$;
+         CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON walbridge_progress FOR EACH ROW EXECUTE FUNCTION refuse_held();
+         ALTER TABLE walbridge_progress ENABLE ALWAYS TRIGGER refuse"
+    ));
+}
+
 #[test]
 fn an_interrupted_parallel_copy_copies_again_only_the_lanes_that_did_not_commit() {
     // `keyed` has a primary key (a second copy of a row would fail), `bag`
@@ -1229,22 +1247,9 @@ fn an_interrupted_parallel_copy_copies_again_only_the_lanes_that_did_not_commit(
     p.psql("INSERT INTO keyed SELECT g, repeat('k', 60) FROM generate_series(1, 30000) g");
     p.psql("INSERT INTO bag SELECT g % 1000, repeat('b', 60) FROM generate_series(1, 30000) g");
     p.psql("CREATE PUBLICATION pub FOR TABLE keyed, bag");
-    // The test holds back the commit of whichever marker `hold` names
-    // (an ENABLE ALWAYS trigger fires while applying).
-    s.psql(
-        "CREATE TABLE public.walbridge_progress (sink text NOT NULL, source text NOT NULL, \
-           lsn pg_lsn NOT NULL, commit_time timestamptz, updated_at timestamptz NOT NULL DEFAULT now(), \
-           PRIMARY KEY (sink, source));
-         CREATE TABLE hold (source text);
-         INSERT INTO hold VALUES ('src/copy 1 of 2');
-         CREATE FUNCTION refuse_held() RETURNS trigger LANGUAGE plpgsql AS $$
-           BEGIN
-             IF NEW.source IN (SELECT source FROM hold) THEN RAISE EXCEPTION 'held by the test: %', NEW.source; END IF;
-             RETURN NEW;
-           END $$;
-         CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON walbridge_progress FOR EACH ROW EXECUTE FUNCTION refuse_held();
-         ALTER TABLE walbridge_progress ENABLE ALWAYS TRIGGER refuse",
-    );
+    // The test holds back the commit of whichever marker `hold` names.
+    s.psql("CREATE TABLE hold (source text); INSERT INTO hold VALUES ('src/copy 1 of 2')");
+    hold_progress_rows(s, "NEW.source IN (SELECT source FROM hold)");
     r.configure(&["pub"], "", "progress = \"table\"\ncopy_connections = 2");
     let running = r.start();
     let markers =
@@ -1402,18 +1407,7 @@ fn indexes_dropped_by_a_copy_that_never_finished_are_recorded_and_built_by_drop(
     let before = index_catalog(s);
     // Lane 1 cannot commit (see the interrupted parallel copy test), so
     // the copy never ends.
-    s.psql(
-        "CREATE TABLE public.walbridge_progress (sink text NOT NULL, source text NOT NULL, \
-           lsn pg_lsn NOT NULL, commit_time timestamptz, updated_at timestamptz NOT NULL DEFAULT now(), \
-           PRIMARY KEY (sink, source));
-         CREATE FUNCTION refuse_lane() RETURNS trigger LANGUAGE plpgsql AS $$
-           BEGIN
-             IF NEW.source = 'src/copy 1 of 2' THEN RAISE EXCEPTION 'held by the test: %', NEW.source; END IF;
-             RETURN NEW;
-           END $$;
-         CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON walbridge_progress FOR EACH ROW EXECUTE FUNCTION refuse_lane();
-         ALTER TABLE walbridge_progress ENABLE ALWAYS TRIGGER refuse",
-    );
+    hold_progress_rows(s, "NEW.source = 'src/copy 1 of 2'");
     r.configure(&["pub"], "", "progress = \"table\"\ncopy_connections = 2");
     let running = r.start();
     wait_for_log(&r.wb, "held by the test: src/copy 1 of 2");
