@@ -21,8 +21,8 @@ use serde::ser::{SerializeMap, SerializeStruct};
 use serde_json::{Value, json};
 use walbridge_core::json::{datum_to_json, plain_text};
 use walbridge_core::{
-    Change, ColumnChange, LogicalMessage, Lsn, OldRowKind, Relation, Row, SequenceValues,
-    TransactionInfo, update_new_row,
+    Change, ColumnChange, CopyTextError, LogicalMessage, Lsn, OldRowKind, Relation, Row,
+    SequenceValues, SnapshotBatch, TransactionInfo, update_new_row,
 };
 use walbridge_sink::SourceBlock;
 
@@ -78,22 +78,27 @@ impl Encoder {
         out.push(b'\n');
     }
 
-    /// Appends the line for a snapshot row.
-    pub fn snapshot_row(
+    /// Appends the lines of a batch of snapshot rows, all with one source
+    /// object: stamped with the time the batch was handled, read once.
+    pub fn snapshot_rows(
         &self,
         out: &mut Vec<u8>,
         at: &Position<'_>,
-        relation: &Relation,
-        row: &Row,
-        consistent_point: Lsn,
-    ) {
-        let line = RowLine {
-            op: "r",
-            source: self.source(at, Some(relation), consistent_point, true),
-            before: None,
-            after: Some(self.row(relation, row, false)),
-        };
-        Self::write(out, &line);
+        batch: &SnapshotBatch,
+    ) -> Result<(), CopyTextError> {
+        let relation = &batch.relation;
+        let source = self.source(at, Some(relation), batch.consistent_point, true);
+        for row in batch.rows.rows(relation.columns.len()) {
+            let row = row?;
+            let line = RowLine {
+                op: "r",
+                source: source.clone(),
+                before: None,
+                after: Some(self.row(relation, &row, false)),
+            };
+            Self::write(out, &line);
+        }
+        Ok(())
     }
 
     /// Appends the line saying `relation`'s columns changed (`changes`),
@@ -230,6 +235,7 @@ struct RowLine<'a> {
 
 /// Where a line's change comes from: the `source` object, the snapshot
 /// key only on snapshot rows.
+#[derive(Clone)]
 struct SourceObject<'a>(SourceBlock<'a>);
 
 impl Serialize for SourceObject<'_> {
@@ -293,7 +299,9 @@ mod tests {
     use std::sync::Arc;
 
     use bytes::Bytes;
-    use walbridge_core::{Column, Datum, OldRow, PgTimestamp, ReplicaIdentity, ValueKind};
+    use walbridge_core::{
+        Column, CopyText, Datum, OldRow, PgTimestamp, ReplicaIdentity, ValueKind,
+    };
 
     use super::*;
 
@@ -375,13 +383,13 @@ mod tests {
             transaction: None,
         };
         let mut out = Vec::new();
-        e.snapshot_row(
-            &mut out,
-            &at,
-            &relation(),
-            &vec![text("7"), text("a\"b")],
-            Lsn(0x10),
-        );
+        let batch = SnapshotBatch {
+            relation: relation(),
+            rows: CopyText::new(Bytes::from_static(b"7\ta\"b\n")).unwrap_or_else(|e| panic!("{e}")),
+            consistent_point: Lsn(0x10),
+        };
+        e.snapshot_rows(&mut out, &at, &batch)
+            .unwrap_or_else(|e| panic!("{e}"));
         let line = String::from_utf8_lossy(&out);
         let (head, tail) = line
             .split_once("\"ts_us\":")

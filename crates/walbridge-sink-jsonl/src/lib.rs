@@ -495,14 +495,12 @@ fn write_event(
     match event {
         SourceEvent::Snapshot(batch) => {
             seen(&mut cursor.tables, &batch.relation);
-            let at = outside(source);
-            for row in batch.rows.rows(batch.relation.columns.len()) {
-                let row = row.map_err(|source| JsonlError::Rows {
+            encoder
+                .snapshot_rows(out, &outside(source), &batch)
+                .map_err(|source| JsonlError::Rows {
                     table: format!("{}.{}", batch.relation.schema, batch.relation.name),
                     source,
                 })?;
-                encoder.snapshot_row(out, &at, &batch.relation, &row, batch.consistent_point);
-            }
         }
         SourceEvent::SnapshotComplete { .. } => {}
         SourceEvent::Begin(info) => cursor.transaction = Some(info),
