@@ -89,12 +89,25 @@ cpu_seconds() {
 # CPU seconds (user + system) a server's processes have used so far,
 # including exited ones (the postmaster collects their times).
 server_cpu() {
-  local postmaster; postmaster=$(head -1 "$1/postmaster.pid")
-  awk -v pm="$postmaster" -v hz="$(getconf CLK_TCK)" '
-    { sub(/^.*\) /, "") }  # drop "pid (comm) ": fields now start at state
-    $2 == pm { t += $12 + $13 }
-    FILENAME ~ "/" pm "/stat$" { t += $12 + $13 + $14 + $15 }
-    END { printf "%.2f", t / hz }' /proc/[0-9]*/stat 2>/dev/null
+  # Python, not awk over /proc/*/stat: mawk stops at a file that vanished
+  # since the glob (a backend that just exited) and printed nothing.
+  python3 - "$1" <<'PY'
+import os, sys
+postmaster = open(os.path.join(sys.argv[1], "postmaster.pid")).readline().strip()
+tick = os.sysconf("SC_CLK_TCK")
+total = 0
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        continue
+    # fields[0] is the state: utime, stime, cutime, cstime are fields[11:15].
+    if pid == postmaster:
+        total += sum(int(x) for x in fields[11:15])
+    elif fields[1] == postmaster:
+        total += int(fields[11]) + int(fields[12])
+print(f"{total / tick:.2f}")
+PY
 }
 # Runs walbridge on an existing slot until it has confirmed $2; prints the
 # seconds taken, walbridge's peak RSS in kB and its CPU seconds.

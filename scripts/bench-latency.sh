@@ -22,14 +22,22 @@
 # rate and reader: the median over the rounds of each percentile, with the
 # lowest and highest round's p99, and CPU seconds per round.
 #
+# BASELINE_BIN (another walbridge build, say of the previous commit) adds
+# a reader per kind run by that build, right after the one it is compared
+# with in every round: on a machine whose noise moves the p99 between runs
+# more than a change does, only readers of the same run compare.
+#
 #   scripts/bench-latency.sh
 #   RATES=1000 ROUNDS=3 DURATION=10 KINDS=postgres scripts/bench-latency.sh
+#   BASELINE_BIN=/tmp/old/target/release/walbridge KINDS=jsonl scripts/bench-latency.sh
 set -euo pipefail
 source "$(dirname "$0")/bench-common.sh"
 rates=${RATES:-"1000 3000"}
 rounds=${ROUNDS:-5}
 duration=${DURATION:-20}
 kinds=${KINDS:-"postgres jsonl feed"}
+# Readers run by walbridge: a kind, or a kind followed by -base (run by BASELINE_BIN).
+readers=$(for kind in $kinds; do echo "$kind"; [ -n "${BASELINE_BIN:-}" ] && echo "$kind-base"; done)
 clients=4
 
 build_walbridge
@@ -45,25 +53,31 @@ free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1
 psql_db postgres -c "CREATE DATABASE bench" >/dev/null
 psql_db bench -c "CREATE TABLE lat (id bigserial PRIMARY KEY, created timestamptz NOT NULL DEFAULT clock_timestamp(), payload text NOT NULL)" >/dev/null
 psql_db bench -c "CREATE PUBLICATION lat_pub FOR TABLE lat" >/dev/null
-for db in native wb; do
+for db in native wb wb_base; do
   sub postgres -c "CREATE DATABASE $db" >/dev/null
   sub "$db" -c "CREATE TABLE lat (id bigint PRIMARY KEY, created timestamptz NOT NULL, payload text NOT NULL, seen timestamptz NOT NULL DEFAULT clock_timestamp())" >/dev/null
 done
 sub native -c "CREATE SUBSCRIPTION native_sub CONNECTION 'host=127.0.0.1 port=$port dbname=bench user=postgres' PUBLICATION lat_pub WITH (copy_data = false, enabled = false)" >/dev/null 2>&1
 echo "INSERT INTO lat (payload) VALUES (repeat('x', 100));" > "$work/insert.sql"
 
+# Reader $1's slot, and the database its postgres sink writes into.
+slot() { echo "wb_${1//-/_}"; }
+target_db() { [ "$1" = postgres ] && echo wb || echo wb_base; }
+
 # Slots for walbridge, made now so that every reader starts from here.
-for kind in $kinds; do
-  psql_db bench -c "SELECT pg_create_logical_replication_slot('wb_$kind', 'pgoutput')" >/dev/null
+for reader in $readers; do
+  psql_db bench -c "SELECT pg_create_logical_replication_slot('$(slot "$reader")', 'pgoutput')" >/dev/null
 done
 
-# walbridge with one sink of kind $1; sets wb_pid (and feed for a feed).
+# walbridge as reader $1 (a kind, or a kind-base run by BASELINE_BIN);
+# sets wb_pid (and feed for a feed).
 start_walbridge() {
-  local kind=$1 dir="$work/wb-$1" sink
+  local kind=${1%-base} dir="$work/wb-$1" sink binary=$bin
+  [ "$1" != "$kind" ] && binary=$BASELINE_BIN
   mkdir -p "$dir"
   case $kind in
     postgres) sink="type = \"postgres\"
-connection = \"host=127.0.0.1 port=$port2 dbname=wb user=postgres sslmode=disable\"" ;;
+connection = \"host=127.0.0.1 port=$port2 dbname=$(target_db "$1") user=postgres sslmode=disable\"" ;;
     jsonl) sink="type = \"jsonl\"" ;;
     feed)
       local feed_port; feed_port=$(free_port)
@@ -80,7 +94,7 @@ listen = "$admin"
 name = "bench"
 connection = "host=127.0.0.1 port=$port dbname=bench user=postgres sslmode=disable"
 publications = ["lat_pub"]
-slot = "wb_$kind"
+slot = "$(slot "$1")"
 create_slot = false
 copy_data = false
 [[sink]]
@@ -89,7 +103,7 @@ $sink
 CONF
   if [ "$kind" = jsonl ]; then
     # The reader notes each insert's id and delay; the pipe is its stdin.
-    "$bin" run -c "$dir/config.toml" 2>>"$dir/stderr.log" | python3 -u -c '
+    "$binary" run -c "$dir/config.toml" 2>>"$dir/stderr.log" | python3 -u -c '
 import json, sys, time
 out = open(sys.argv[1], "a", buffering=1)
 for line in sys.stdin.buffer:
@@ -103,7 +117,7 @@ for line in sys.stdin.buffer:
     wb_reader=$!
     until wb_pid=$(pgrep -f -- "run -c $dir/config.toml"); do sleep 0.05; done
   else
-    "$bin" run -c "$dir/config.toml" 2>>"$dir/stderr.log" &
+    "$binary" run -c "$dir/config.toml" 2>>"$dir/stderr.log" &
     wb_pid=$!
   fi
 }
@@ -124,10 +138,10 @@ caught_up() {
 # Waits until the subscriber database $1 holds row $2 of lat.
 has_row() { [ "$2" = 0 ] || sub "$1" -c "DO \$\$ BEGIN WHILE NOT EXISTS (SELECT FROM lat WHERE id = $2) LOOP PERFORM pg_sleep(0.005); END LOOP; END \$\$"; }
 
-# Waits until the jsonl reader has had row $1 of lat (none for 0).
+# Waits until jsonl reader $1 has had row $2 of lat (none for 0).
 jsonl_has() {
-  [ "$1" = 0 ] && return
-  until awk -v id="$1" '$1 == id { found = 1 } END { exit !found }' "$work/wb-jsonl/delays"; do
+  [ "$2" = 0 ] && return
+  until awk -v id="$2" '$1 == id { found = 1 } END { exit !found }' "$work/wb-$1/delays"; do
     kill -0 "$wb_reader" 2>/dev/null || { echo "the jsonl reader ended" >&2; exit 1; }
     sleep 0.05
   done
@@ -212,34 +226,35 @@ for rate in $rates; do
     sub native -c "ALTER SUBSCRIPTION native_sub DISABLE" >/dev/null
     until [ "$(psql_db bench -c "SELECT count(*) FROM pg_stat_replication")" = 0 ]; do sleep 0.02; done
 
-    for kind in $kinds; do
-      start_walbridge "$kind"
-      caught_up "wb_$kind"
+    for reader in $readers; do
+      kind=${reader%-base}
+      start_walbridge "$reader"
+      caught_up "$(slot "$reader")"
       lo=$(last_id)
       # The sink too has what the other readers' rounds made.
       case $kind in
-        postgres) has_row wb "$lo" ;;
-        jsonl) jsonl_has "$lo" ;;
+        postgres) has_row "$(target_db "$reader")" "$lo" ;;
+        jsonl) jsonl_has "$reader" "$lo" ;;
         feed)
           "$consumer_bin" --address "$feed" --start latest --latency --idle 3 > "$work/feed.json" &
           consumer_pid=$!
-          until grep -q "subscriber connected" "$work/wb-feed/stderr.log"; do sleep 0.05; done ;;
+          until grep -q "subscriber connected" "$work/wb-$reader/stderr.log"; do sleep 0.05; done ;;
       esac
       before=$(cpu_now "$wb_pid") stages_before=$(delays_now)
       tps=$(load "$rate"); hi=$(last_id)
       case $kind in
-        postgres) has_row wb "$hi" ;;
-        jsonl) jsonl_has "$hi" ;;
+        postgres) has_row "$(target_db "$reader")" "$hi" ;;
+        jsonl) jsonl_has "$reader" "$hi" ;;
         feed) wait "$consumer_pid" ;;
       esac
       cpu=$(cpu_used "$before" "$(cpu_now "$wb_pid")")
       stages=$(stage_means "$stages_before" "$(delays_now)")
       case $kind in
-        postgres) summary=$(sub_delays wb "$lo" "$hi" | percentiles) ;;
-        jsonl) summary=$(awk -v lo="$lo" -v hi="$hi" '$1 > lo && $1 <= hi { print $2 }' "$work/wb-jsonl/delays" | percentiles) ;;
+        postgres) summary=$(sub_delays "$(target_db "$reader")" "$lo" "$hi" | percentiles) ;;
+        jsonl) summary=$(awk -v lo="$lo" -v hi="$hi" '$1 > lo && $1 <= hi { print $2 }' "$work/wb-$reader/delays" | percentiles) ;;
         feed) summary=$(python3 -c 'import json, sys; l = json.load(open(sys.argv[1]))["latency_ms"]; print(l["count"], *(l[p] for p in ("p50", "p95", "p99", "max")))' "$work/feed.json") ;;
       esac
-      echo "$kind $rate $round $tps $cpu $summary $stages" | tee -a "$results"
+      echo "$reader $rate $round $tps $cpu $summary $stages" | tee -a "$results"
       stop_walbridge
     done
   done
@@ -253,6 +268,7 @@ rows = [line.split() for line in open(sys.argv[1])]
 duration = float(sys.argv[2])
 names = {"native": "native subscription", "postgres": "walbridge postgres sink",
          "jsonl": "walbridge jsonl sink", "feed": "walbridge gRPC feed"}
+names.update({f"{k}-base": f"{v} (BASELINE_BIN)" for k, v in names.items()})
 print()
 stages = []
 print("| rate | reader | rounds | rows/round | p50 | p95 | p99 (lowest-highest round) | max | CPU: walbridge / publisher / subscriber |")
