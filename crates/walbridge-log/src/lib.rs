@@ -34,6 +34,7 @@ mod pb {
 mod reader;
 pub mod record;
 pub mod segment;
+mod spare;
 mod writer;
 
 pub use append::{Appender, MAX_CHUNK_BYTES};

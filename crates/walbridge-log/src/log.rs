@@ -58,6 +58,9 @@ pub struct LogOptions {
     pub max_size: Option<u64>,
     /// What happens at `max_size`.
     pub when_full: WhenFull,
+    /// Write segments into files zero-filled ahead (see `crate::spare`),
+    /// when they are at least 1 MiB.
+    pub preallocate: bool,
 }
 
 impl Default for LogOptions {
@@ -69,6 +72,7 @@ impl Default for LogOptions {
             retention_size: None,
             max_size: None,
             when_full: WhenFull::Block,
+            preallocate: true,
         }
     }
 }
@@ -179,6 +183,7 @@ impl Log {
     pub fn open(dir: &Path, options: LogOptions) -> Result<(Log, LogWriter, Recovery), LogError> {
         std::fs::create_dir_all(dir).map_err(LogError::io("create", dir))?;
         let id = log_id(dir)?;
+        crate::spare::remove_leftovers(dir)?;
         let mut bases = list_segments(dir)?;
         let mut recovery = Recovery::default();
         let mut segments = BTreeMap::new();
@@ -191,15 +196,16 @@ impl Log {
             let path = segment_path(dir, base);
             let meta = std::fs::metadata(&path).map_err(LogError::io("stat", &path))?;
             let next_seq = bases.get(i + 1).copied().unwrap_or(tail.next_seq);
-            let index = if i + 1 == bases.len() {
-                tail.index.entries.clone()
+            // The last segment may be longer than its records (zeros made ahead).
+            let (index, len) = if i + 1 == bases.len() {
+                (tail.index.entries.clone(), tail.valid_end)
             } else {
-                sealed_index(dir, base, meta.len())?
+                (sealed_index(dir, base, meta.len())?, meta.len())
             };
             segments.insert(
                 base,
                 Segment {
-                    len: meta.len(),
+                    len,
                     next_seq,
                     index,
                     modified: meta.modified().unwrap_or_else(|_| SystemTime::now()),
@@ -523,11 +529,11 @@ pub(crate) fn create_segment(dir: &Path, base: u64, start_lsn: Lsn) -> Result<Fi
     let mut file = File::options()
         .create_new(true)
         .read(true)
-        .append(true)
+        .write(true)
         .open(&path)
         .map_err(LogError::io("create", &path))?;
     let written = file
-        .write_all(&segment::header(start_lsn))
+        .write_all(&segment::header(start_lsn, false))
         .map_err(LogError::io("write", &path))
         .and_then(|()| file.sync_all().map_err(LogError::io("fsync", &path)));
     if let Err(e) = written {
@@ -573,8 +579,9 @@ fn scan_error(path: &Path, e: ScanError) -> LogError {
         ScanError::Header(segment::HeaderProblem::Version(v)) => LogError::Segment {
             path: path.to_owned(),
             problem: format!(
-                "layout version {v}, which this walbridge does not read (it reads {}); use the walbridge that wrote it",
-                segment::VERSION
+                "layout version {v}, which this walbridge does not read (it reads {} and {}); use the walbridge that wrote it",
+                segment::VERSION,
+                segment::VERSION_PREALLOCATED
             ),
         },
         ScanError::Sequence {
@@ -617,8 +624,14 @@ fn recover_tail(
         let scan = segment::scan(&path, base).map_err(|e| scan_error(&path, e))?;
         // Only the segment that was being written can have a torn end; one
         // sealed by a roll was fsynced whole.
-        if let Some((offset, problem, declared)) = scan.bad
-            && (sealed || !is_torn_tail(options, scan.file_len - offset, declared, problem))
+        // Nothing but zeros from the first bad frame on is the room of a
+        // preallocated segment (see crate::spare), which only the segment
+        // being written has.
+        let bad = scan
+            .bad
+            .filter(|&(offset, ..)| sealed || scan.written_end > offset);
+        if let Some((offset, problem, declared)) = bad
+            && (sealed || !is_torn_tail(options, scan.written_end - offset, declared, problem))
         {
             return Err(LogError::corrupt(path, offset, problem));
         }
@@ -627,7 +640,7 @@ fn recover_tail(
             None if bases.len() > 1 => {
                 // Nothing in this segment completed: all of it belongs to a
                 // unit that started earlier (or it is empty).
-                recovery.truncated_bytes += scan.file_len - SEGMENT_HEADER_LEN;
+                recovery.truncated_bytes += scan.written_end - SEGMENT_HEADER_LEN;
                 recovery.removed_records += scan.next_seq - base;
                 std::fs::remove_file(&path).map_err(LogError::io("remove", &path))?;
                 let _ = std::fs::remove_file(index_path(dir, base));
@@ -637,10 +650,11 @@ fn recover_tail(
             }
             None => (SEGMENT_HEADER_LEN, base, scan.start_lsn),
         };
-        if cut < scan.file_len {
-            recovery.truncated_bytes += scan.file_len - cut;
+        // Zeros made ahead after the records stay; anything else past the cut goes.
+        if cut < scan.written_end {
+            recovery.truncated_bytes += scan.written_end - cut;
             recovery.removed_records += scan.next_seq - next_seq;
-            if scan.bad.is_some() {
+            if bad.is_some() {
                 recovery.removed_records += 1;
             }
             let file = File::options()

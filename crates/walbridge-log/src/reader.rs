@@ -1,7 +1,7 @@
 //! Reading a log from any position, record by record.
 
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::{BufReader, Read, Take};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -39,7 +39,8 @@ pub struct LogReader {
     head: watch::Receiver<Head>,
     base: u64,
     path: PathBuf,
-    file: BufReader<File>,
+    /// Reads at most to the readable end (see [`segment::open_at`]).
+    file: BufReader<Take<File>>,
     pos: u64,
     next_seq: u64,
     decoder: RecordDecoder,
@@ -199,10 +200,18 @@ impl LogReader {
                 match state.segments.get(&self.base) {
                     Some(seg) => seg.len,
                     // Removed by retention while open: the open file still reads.
-                    None => self.file.get_ref().metadata().map_or(0, |m| m.len()),
+                    None => self
+                        .file
+                        .get_ref()
+                        .get_ref()
+                        .metadata()
+                        .map_or(0, |m| m.len()),
                 }
             };
             if self.pos < limit {
+                // What is buffered ends where the file's reads are.
+                let read_to = self.pos + self.file.buffer().len() as u64;
+                self.file.get_mut().set_limit(limit.saturating_sub(read_to));
                 break;
             }
             self.next_segment()?;

@@ -1,14 +1,16 @@
 //! Segment files: naming, the file header, the sparse index, and scanning.
 //!
 //! A segment is `<base>.seg`, where `<base>` is the sequence number of its
-//! first record (20 digits, so names sort). It starts with a 16-byte
-//! header (magic, format version) followed by frames. Its sparse index
+//! first record (20 digits, so names sort). It starts with a 24-byte
+//! header (magic, layout version, 4 bytes unused, the LSN before its first
+//! record) followed by frames; in a segment of [`VERSION_PREALLOCATED`]
+//! zeros may follow them (see `crate::spare`). Its sparse index
 //! `<base>.idx` holds an entry every [`INDEX_INTERVAL`] bytes; it is written
 //! when the segment is sealed and rebuilt by a scan when missing or
 //! damaged, so it never needs an fsync of its own.
 
 use std::fs::File;
-use std::io::{BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{BufReader, Read, Seek, SeekFrom, Take, Write};
 use std::path::{Path, PathBuf};
 
 use walbridge_core::Lsn;
@@ -17,8 +19,13 @@ use crate::frame::{self, FrameError, FrameHeader, HEADER_LEN};
 
 /// The first bytes of every segment.
 pub const MAGIC: [u8; 8] = *b"WBRGLOG\0";
-/// The segment layout version this build writes and reads.
+/// The segment layout version of a segment grown by its appends.
 pub const VERSION: u32 = 1;
+/// The layout version of a segment written into zeros made ahead (see
+/// `crate::spare`): zeros after its records are room, not damage. A
+/// version of its own, so that a walbridge that predates it refuses the
+/// segment by name rather than take the zeros for a corrupt record.
+pub const VERSION_PREALLOCATED: u32 = 2;
 /// Bytes before the first frame.
 pub const SEGMENT_HEADER_LEN: u64 = 24;
 /// Bytes between sparse index entries.
@@ -43,12 +50,22 @@ pub fn parse_segment_name(name: &str) -> Option<u64> {
 }
 
 /// The header of a segment whose preceding records end at `start_lsn`.
-pub fn header(start_lsn: Lsn) -> [u8; SEGMENT_HEADER_LEN as usize] {
+pub fn header(start_lsn: Lsn, preallocated: bool) -> [u8; SEGMENT_HEADER_LEN as usize] {
     let mut h = [0u8; SEGMENT_HEADER_LEN as usize];
     h[..8].copy_from_slice(&MAGIC);
-    h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    let version = if preallocated {
+        VERSION_PREALLOCATED
+    } else {
+        VERSION
+    };
+    h[8..12].copy_from_slice(&version.to_le_bytes());
     h[16..24].copy_from_slice(&start_lsn.0.to_le_bytes());
     h
+}
+
+/// Whether a (checked) segment header says the file was zero-filled ahead.
+fn is_preallocated(header: &[u8]) -> bool {
+    u32::from_le_bytes([header[8], header[9], header[10], header[11]]) == VERSION_PREALLOCATED
 }
 
 /// A segment header that is not ours, or is from a newer walbridge.
@@ -66,7 +83,7 @@ pub fn check_header(bytes: &[u8]) -> Result<Lsn, HeaderProblem> {
         return Err(HeaderProblem::NotASegment);
     }
     let version = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
-    if version != VERSION {
+    if version != VERSION && version != VERSION_PREALLOCATED {
         return Err(HeaderProblem::Version(version));
     }
     let mut lsn = [0u8; 8];
@@ -172,6 +189,9 @@ pub struct Scan {
     pub valid_end: u64,
     /// The file's length.
     pub file_len: u64,
+    /// Offset past the last byte written: the file's length, less, in a
+    /// preallocated segment, the zeros after its last byte that is not zero.
+    pub written_end: u64,
     /// One past the last valid record's sequence number.
     pub next_seq: u64,
     /// Offset past, next sequence number and LSN of the last valid frame that ends a unit.
@@ -223,6 +243,7 @@ pub fn scan(path: &Path, base: u64) -> Result<Scan, ScanError> {
         start_lsn,
         valid_end: SEGMENT_HEADER_LEN,
         file_len,
+        written_end: file_len,
         next_seq: base,
         ..Scan::default()
     };
@@ -267,7 +288,32 @@ pub fn scan(path: &Path, base: u64) -> Result<Scan, ScanError> {
         note_frame(&mut scan, &header, pos);
         pos += total;
     }
+    if let Some((offset, ..)) = scan.bad
+        && is_preallocated(&header_bytes)
+    {
+        scan.written_end = written_end(reader.get_ref(), offset, file_len)?;
+    }
     Ok(scan)
+}
+
+/// Offset past the last byte of `file` (from `from` to `len`) that is not zero; `from` if none is.
+fn written_end(file: &File, from: u64, len: u64) -> std::io::Result<u64> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut end = from;
+    let mut pos = from;
+    while pos < len {
+        let want = (len - pos).min(buf.len() as u64) as usize;
+        let n = file.read_at(&mut buf[..want], pos)?;
+        if n == 0 {
+            break;
+        }
+        if let Some(last) = buf[..n].iter().rposition(|&b| b != 0) {
+            end = pos + last as u64 + 1;
+        }
+        pos += n as u64;
+    }
+    Ok(end)
 }
 
 fn note_frame(scan: &mut Scan, header: &FrameHeader, pos: u64) {
@@ -280,9 +326,12 @@ fn note_frame(scan: &mut Scan, header: &FrameHeader, pos: u64) {
     }
 }
 
-/// Opens a segment for reading at byte `pos`.
-pub fn open_at(path: &Path, pos: u64) -> std::io::Result<BufReader<File>> {
+/// Opens a segment for reading at byte `pos`, reading nothing until
+/// allowed to ([`Take::set_limit`]): past the readable end of the segment
+/// being written lie zeros made ahead (see `crate::spare`), which a read
+/// buffer must never hold when records are written over them.
+pub fn open_at(path: &Path, pos: u64) -> std::io::Result<BufReader<Take<File>>> {
     let mut file = File::open(path)?;
     file.seek(SeekFrom::Start(pos))?;
-    Ok(BufReader::with_capacity(256 * 1024, file))
+    Ok(BufReader::with_capacity(256 * 1024, file.take(0)))
 }

@@ -4,7 +4,9 @@
 //! the writer thread then takes everything queued (up to [`WRITE_BATCH`]
 //! bytes), writes it with one `write` and makes it durable with one
 //! `fdatasync`. Readers and the source see records only once they are
-//! durable and their unit (transaction) is complete.
+//! durable and their unit (transaction) is complete. Segments are written
+//! into zeros made ahead ([`crate::spare`]) when there are some, so that
+//! the `fdatasync` has no file length to make durable.
 //!
 //! A full disk is not a failure: a write that finds no room is cut back to
 //! the last whole record (a partial write would leave bytes no frame
@@ -16,7 +18,7 @@
 //! tells whoever waits on it at once, before their next append.
 
 use std::fs::File;
-use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
@@ -27,6 +29,7 @@ use crate::error::LogError;
 use crate::frame;
 use crate::log::{FsyncPolicy, Head, Log, Segment, Shared, WhenFull, create_segment, sync_dir};
 use crate::segment::{self, IndexBuilder, SEGMENT_HEADER_LEN, index_path, segment_path};
+use crate::spare::{PREALLOCATE_MIN, Ready, Spares};
 
 /// The most bytes written between two fsyncs (a larger single record is written alone).
 pub const WRITE_BATCH: usize = 8 << 20;
@@ -80,9 +83,16 @@ impl LogWriter {
     ) -> Result<Self, LogError> {
         let path = segment_path(&shared.dir, base);
         let file = File::options()
-            .append(true)
+            .write(true)
             .open(&path)
             .map_err(LogError::io("open", &path))?;
+        let allocated = file.metadata().map_err(LogError::io("stat", &path))?.len();
+        let spares = if shared.options.preallocate && shared.options.segment_size >= PREALLOCATE_MIN
+        {
+            Some(Spares::start(&shared.dir, shared.options.segment_size)?)
+        } else {
+            None
+        };
         let (tx, rx) = mpsc::channel(QUEUE);
         if let FsyncPolicy::Interval(every) = shared.options.fsync {
             let weak = tx.downgrade();
@@ -107,6 +117,9 @@ impl LogWriter {
             file,
             base,
             len,
+            allocated,
+            spares,
+            asked_spare: false,
             index,
             published_index: 0,
             next_seq: head.next_seq,
@@ -234,6 +247,12 @@ struct WriterThread {
     base: u64,
     /// Bytes in the segment, including those buffered.
     len: u64,
+    /// The segment file's length: past `len` (less the buffer) it holds zeros.
+    allocated: u64,
+    /// Makes the zero-filled files segments are written into.
+    spares: Option<Spares>,
+    /// A spare was asked for (at the first append).
+    asked_spare: bool,
     index: IndexBuilder,
     /// Index entries already copied to the shared state.
     published_index: usize,
@@ -261,6 +280,12 @@ impl WriterThread {
                         unit_end,
                         permits,
                     } => {
+                        if !self.asked_spare {
+                            self.asked_spare = true;
+                            if let Some(spares) = &self.spares {
+                                spares.request();
+                            }
+                        }
                         if self.segment_full() && !self.until_room(&commands, Self::roll)? {
                             return Ok(());
                         }
@@ -337,9 +362,12 @@ impl WriterThread {
         }
     }
 
-    /// The current segment has reached `segment_size`: the next record goes to a new one.
+    /// The next record goes to a new segment: the current one has reached
+    /// `segment_size`, or it is being grown while a preallocated one waits.
     fn segment_full(&self) -> bool {
-        self.len >= self.shared.options.segment_size && self.len > SEGMENT_HEADER_LEN
+        self.len > SEGMENT_HEADER_LEN
+            && (self.len >= self.shared.options.segment_size
+                || (self.allocated <= self.len && self.spares.as_ref().is_some_and(Spares::ready)))
     }
 
     /// Frames a record into the buffer. Returns the new head if the record
@@ -372,13 +400,15 @@ impl WriterThread {
             return Ok(());
         }
         let path = || segment_path(&self.shared.dir, self.base);
-        if let Err(e) = self.file.write_all(&self.buffer) {
-            let written = self.len - self.buffer.len() as u64;
+        let written = self.len - self.buffer.len() as u64;
+        if let Err(e) = self.file.write_all_at(&self.buffer, written) {
             self.file
                 .set_len(written)
                 .map_err(LogError::io("cut back a partial write to", path()))?;
+            self.allocated = written;
             return Err(LogError::io("write", path())(e));
         }
+        self.allocated = self.allocated.max(self.len);
         self.buffer.clear();
         self.unsynced = true;
         Ok(())
@@ -393,9 +423,18 @@ impl WriterThread {
         Ok(())
     }
 
-    /// Seals the current segment (written, fsynced, indexed) and starts the next.
+    /// Seals the current segment (written, cut to its records, fsynced,
+    /// indexed) and starts the next: a spare if one is ready.
     fn roll(&mut self) -> Result<(), LogError> {
         self.write_buffer()?;
+        if self.allocated > self.len {
+            self.file.set_len(self.len).map_err(LogError::io(
+                "cut the zeros after the records of",
+                segment_path(&self.shared.dir, self.base),
+            ))?;
+            self.allocated = self.len;
+            self.unsynced = true;
+        }
         self.sync()?;
         let dir = self.shared.dir.clone();
         if let Err(e) = segment::store_index(&index_path(&dir, self.base), &self.index.entries) {
@@ -406,7 +445,14 @@ impl WriterThread {
         }
         self.update_shared();
         let base = self.next_seq;
-        self.file = create_segment(&dir, base, self.last_unit_lsn)?;
+        let spare = self.spares.as_ref().and_then(Spares::take);
+        (self.file, self.allocated) = match spare {
+            Some(spare) => self.install(spare, base)?,
+            None => (
+                create_segment(&dir, base, self.last_unit_lsn)?,
+                SEGMENT_HEADER_LEN,
+            ),
+        };
         self.base = base;
         self.len = SEGMENT_HEADER_LEN;
         self.index = IndexBuilder::default();
@@ -415,6 +461,19 @@ impl WriterThread {
         sync_dir(&dir)?;
         // A new segment may let retention (or max_size) remove an old one.
         self.log().collect()
+    }
+
+    /// Makes a spare the segment `base`: its header written and synced
+    /// before it takes the segment's name (the directory is synced by the
+    /// roll). Returns the file and its length.
+    fn install(&self, spare: Ready, base: u64) -> Result<(File, u64), LogError> {
+        let Ready { file, path, len } = spare;
+        file.write_all_at(&segment::header(self.last_unit_lsn, true), 0)
+            .map_err(LogError::io("write", &path))?;
+        file.sync_data().map_err(LogError::io("fsync", &path))?;
+        let target = segment_path(&self.shared.dir, base);
+        std::fs::rename(&path, &target).map_err(LogError::io("rename a spare to", &target))?;
+        Ok((file, len))
     }
 
     fn log(&self) -> Log {

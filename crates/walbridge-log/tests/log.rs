@@ -1,6 +1,6 @@
 //! The log against a real file system: appends, reads and seeks, crash
 //! recovery at every byte of the last record, corruption reports,
-//! cursors, retention and max_size.
+//! cursors, retention and max_size, segments written into zeros made ahead.
 
 use std::path::Path;
 use std::time::Duration;
@@ -147,7 +147,12 @@ async fn seq_after_lsn_finds_where_a_consumer_resumes() {
 async fn recovery_keeps_exactly_the_complete_records_at_every_cut() {
     let dir = ok(tempfile::tempdir());
     let original = dir.path().join("original");
-    let (log, writer, _) = ok(Log::open(&original, LogOptions::default()));
+    // One segment, grown by its appends (no zeros made ahead to roll into).
+    let grown = LogOptions {
+        preallocate: false,
+        ..LogOptions::default()
+    };
+    let (log, writer, _) = ok(Log::open(&original, grown.clone()));
     append_all(&writer, 0..20).await;
     wait_for_head(&log, 20).await;
     ok(writer.close().await);
@@ -162,7 +167,7 @@ async fn recovery_keeps_exactly_the_complete_records_at_every_cut() {
             copy.join(ok(seg.file_name().ok_or("no name"))),
             &bytes[..cut],
         ));
-        let (log, writer, recovery) = ok(Log::open(&copy, LogOptions::default()));
+        let (log, writer, recovery) = ok(Log::open(&copy, grown.clone()));
         assert_eq!(log.head().next_seq, 19, "cut at {cut}");
         assert_eq!(log.head().last_lsn, Lsn(18 * 10 + 5));
         assert_eq!(recovery.truncated_bytes, (cut - last_start) as u64);
@@ -244,12 +249,18 @@ async fn damage_too_far_from_the_end_of_the_last_segment_is_not_taken_for_a_torn
         prefix: "big".into(),
         content: Bytes::from(vec![7u8; 100_000]),
     });
-    for i in 0..120 {
+    // One record, then the rest into a preallocated segment, whose zeros
+    // after the records do not count as the end the damage is measured from.
+    ok(writer.append(big.clone(), Lsn(0), true).await);
+    wait_for_head(&log, 1).await;
+    wait_for_spare(dir.path()).await;
+    for i in 1..121 {
         ok(writer.append(big.clone(), Lsn(i), true).await);
     }
-    wait_for_head(&log, 120).await;
+    wait_for_head(&log, 121).await;
     ok(writer.close().await);
-    let seg = segments(dir.path()).remove(0);
+    let seg = ok(segments(dir.path()).pop().ok_or("no segment"));
+    assert_eq!(file_len(&seg), 64 << 20);
     let mut bytes = ok(std::fs::read(&seg));
     bytes[24 + 100] ^= 1;
     ok(std::fs::write(&seg, &bytes));
@@ -561,5 +572,165 @@ async fn written_within_finds_the_oldest_segment_written_to_recently() {
         "the LSN just before record {base}: {lsn}"
     );
     assert_eq!(read_all(&log, base).first().map(|r| r.0), Some(base));
+    ok(writer.close().await);
+}
+
+fn spares(dir: &Path) -> Vec<std::path::PathBuf> {
+    ok(std::fs::read_dir(dir))
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "spare"))
+        .collect()
+}
+
+fn file_len(path: &Path) -> u64 {
+    ok(std::fs::metadata(path)).len()
+}
+
+/// 1 MiB segments, preallocated (the default).
+fn preallocated() -> LogOptions {
+    LogOptions {
+        segment_size: 1 << 20,
+        ..LogOptions::default()
+    }
+}
+
+/// Waits until the log in `dir` has a spare ready to roll into.
+async fn wait_for_spare(dir: &Path) {
+    for _ in 0..500 {
+        if !spares(dir).is_empty() {
+            // Made under its final name, then synced: give the sync its time.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no spare segment was made in {}", dir.display());
+}
+
+/// A log's first segment grows with its appends; once a zero-filled spare
+/// is ready the writer moves into it, and records then go into zeros: a
+/// reader following the writer never takes the zeros for records, a
+/// reopened log finds its end where the records end (nothing to repair)
+/// and goes on writing into the same zeros, and closing leaves no spare.
+#[tokio::test]
+async fn records_go_into_zeros_made_ahead_and_the_log_reopens_at_their_end() {
+    let dir = ok(tempfile::tempdir());
+    let (log, writer, _) = ok(Log::open(dir.path(), preallocated()));
+    append_all(&writer, 0..1).await;
+    wait_for_head(&log, 1).await;
+    wait_for_spare(dir.path()).await;
+    let mut reader = ok(log.reader(0));
+    let mut seen = Vec::new();
+    for batch in 0..10 {
+        append_all(&writer, (1 + batch * 30)..(1 + (batch + 1) * 30)).await;
+        wait_for_head(&log, 1 + (batch + 1) * 30).await;
+        while let Some(r) = ok(reader.try_next()) {
+            seen.push(prefix(&r.entry));
+        }
+    }
+    let expected: Vec<String> = (0..301).map(|i| format!("r{i}")).collect();
+    assert_eq!(seen, expected);
+    let segs = segments(dir.path());
+    assert_eq!(segs.len(), 2, "{segs:?}");
+    assert_eq!(
+        file_len(&segs[1]),
+        1 << 20,
+        "the second segment is the spare"
+    );
+    let version = |seg: &Path| {
+        let bytes = ok(std::fs::read(seg));
+        u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]])
+    };
+    assert_eq!(version(&segs[0]), walbridge_log::segment::VERSION);
+    assert_eq!(
+        version(&segs[1]),
+        walbridge_log::segment::VERSION_PREALLOCATED
+    );
+    ok(writer.close().await);
+    assert!(spares(dir.path()).is_empty(), "closing leaves no spare");
+
+    let (log, writer, recovery) = ok(Log::open(dir.path(), preallocated()));
+    assert_eq!(recovery.truncated_bytes, 0);
+    assert_eq!(recovery.removed_records, 0);
+    assert_eq!(log.head().next_seq, 301);
+    append_all(&writer, 301..400).await;
+    wait_for_head(&log, 400).await;
+    let all: Vec<String> = read_all(&log, 0).into_iter().map(|r| r.1).collect();
+    let expected: Vec<String> = (0..400).map(|i| format!("r{i}")).collect();
+    assert_eq!(all, expected);
+    assert_eq!(
+        file_len(&segments(dir.path())[1]),
+        1 << 20,
+        "written on into the zeros"
+    );
+    ok(writer.close().await);
+}
+
+/// A roll cuts a preallocated segment to its records: only the segment
+/// being written has zeros after them, and a sealed one is read (and its
+/// index rebuilt) like any other.
+#[tokio::test]
+async fn a_roll_cuts_the_zeros_after_the_records() {
+    let dir = ok(tempfile::tempdir());
+    let (log, writer, _) = ok(Log::open(dir.path(), preallocated()));
+    append_all(&writer, 0..1).await;
+    wait_for_head(&log, 1).await;
+    wait_for_spare(dir.path()).await;
+    // Record i is up to 3,000 bytes: 1,500 records fill more than 1 MiB.
+    append_all(&writer, 1..1500).await;
+    wait_for_head(&log, 1500).await;
+    ok(writer.close().await);
+    let segs = segments(dir.path());
+    assert!(segs.len() >= 3, "{segs:?}");
+    for seg in &segs[..segs.len() - 1] {
+        let _ = std::fs::remove_file(seg.with_extension("idx"));
+        let bytes = ok(std::fs::read(seg));
+        assert_ne!(bytes.last(), Some(&0), "{} ends in zeros", seg.display());
+    }
+    let (log, writer, recovery) = ok(Log::open(dir.path(), preallocated()));
+    assert_eq!(recovery.truncated_bytes, 0);
+    assert_eq!(read_all(&log, 700).len(), 800);
+    ok(writer.close().await);
+}
+
+/// A crash in the middle of a write into zeros leaves part of a frame
+/// before them: recovery cuts it back like any torn tail, and keeps the
+/// zeros after.
+#[tokio::test]
+async fn a_write_torn_inside_the_zeros_is_cut_back() {
+    let dir = ok(tempfile::tempdir());
+    let (log, writer, _) = ok(Log::open(dir.path(), preallocated()));
+    append_all(&writer, 0..1).await;
+    wait_for_head(&log, 1).await;
+    wait_for_spare(dir.path()).await;
+    append_all(&writer, 1..50).await;
+    wait_for_head(&log, 50).await;
+    ok(writer.close().await);
+    let seg = segments(dir.path()).remove(1);
+    let end = {
+        let (log, writer, _) = ok(Log::open(dir.path(), preallocated()));
+        let end = log.head().end;
+        ok(writer.close().await);
+        end
+    };
+    // Half a frame's header and some payload, as a write cut short leaves them.
+    let torn = {
+        let mut frame = Vec::new();
+        walbridge_log::frame::encode(&mut frame, 50, Lsn(505), true, &payload(50));
+        frame.truncate(frame.len() / 2);
+        frame
+    };
+    {
+        use std::os::unix::fs::FileExt;
+        let file = ok(std::fs::OpenOptions::new().write(true).open(&seg));
+        ok(file.write_all_at(&torn, end));
+    }
+    let (log, writer, recovery) = ok(Log::open(dir.path(), preallocated()));
+    assert_eq!(recovery.truncated_bytes, torn.len() as u64);
+    assert_eq!(log.head().next_seq, 50);
+    append_all(&writer, 50..60).await;
+    wait_for_head(&log, 60).await;
+    assert_eq!(read_all(&log, 0).len(), 60);
     ok(writer.close().await);
 }

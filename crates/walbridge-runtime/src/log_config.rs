@@ -61,6 +61,13 @@ pub struct LogConfig {
     /// At `max_size`: `block` (default) or `drop_sink`.
     #[serde(default)]
     pub when_full: WhenFullMode,
+    /// Write segments into files zero-filled ahead (default true).
+    #[serde(default = "yes")]
+    pub preallocate: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Default for LogConfig {
@@ -73,6 +80,7 @@ impl Default for LogConfig {
             retention_size: None,
             max_size: None,
             when_full: WhenFullMode::default(),
+            preallocate: true,
         }
     }
 }
@@ -93,6 +101,7 @@ impl LogConfig {
                 WhenFullMode::Block => WhenFull::Block,
                 WhenFullMode::DropSink => WhenFull::DropSink,
             },
+            preallocate: self.preallocate,
         }
     }
 
