@@ -11,8 +11,8 @@
 //! zero-filled for the same reason.
 //!
 //! So while the writer fills one segment, this thread writes the next one
-//! full of zeros and fsyncs it (as `<pid>-<n>.spare`, a name no segment
-//! has); at a roll the writer writes the segment header into it (of
+//! full of zeros and fsyncs it (as `<pid>-<n>.zeroing`, then renamed
+//! `<pid>-<n>.spare` when ready: names no segment has); at a roll the writer writes the segment header into it (of
 //! layout version 2: zeros after its records are room, not damage — and a
 //! walbridge older than this refuses it by its version), syncs, and
 //! renames it into place. A segment of a log whose writer had no spare
@@ -43,8 +43,10 @@ pub const PREALLOCATE_MIN: u64 = 1 << 20;
 /// Zeros are written this much at a time (and the thread can stop between two).
 const CHUNK: usize = 1 << 20;
 
-/// A spare's file name ends so.
+/// A spare's file name ends so once it is ready …
 const SPARE_SUFFIX: &str = ".spare";
+/// … and so while it is being made.
+const MAKING_SUFFIX: &str = ".zeroing";
 
 /// A spare ready to become a segment.
 pub(crate) struct Ready {
@@ -154,7 +156,9 @@ impl Drop for Spares {
 pub(crate) fn remove_leftovers(dir: &Path) -> Result<(), LogError> {
     for entry in std::fs::read_dir(dir).map_err(LogError::io("list", dir))? {
         let entry = entry.map_err(LogError::io("list", dir))?;
-        if entry.file_name().to_string_lossy().ends_with(SPARE_SUFFIX) {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.ends_with(SPARE_SUFFIX) || name.ends_with(MAKING_SUFFIX) {
             let path = entry.path();
             std::fs::remove_file(&path).map_err(LogError::io("remove", &path))?;
         }
@@ -180,8 +184,16 @@ fn make_spares(shared: &Shared, dir: &Path, size: u64) {
             state.making = true;
         }
         let n = MADE.fetch_add(1, Ordering::Relaxed);
-        let path = dir.join(format!("{}-{n}{SPARE_SUFFIX}", std::process::id()));
-        let made = zero_fill(shared, &path, size);
+        let name = format!("{}-{n}", std::process::id());
+        let making = dir.join(format!("{name}{MAKING_SUFFIX}"));
+        let path = dir.join(format!("{name}{SPARE_SUFFIX}"));
+        let made = zero_fill(shared, &making, size).and_then(|file| {
+            file.map(|f| std::fs::rename(&making, &path).map(|()| f))
+                .transpose()
+        });
+        if !matches!(made, Ok(Some(_))) {
+            let _ = std::fs::remove_file(&making);
+        }
         let mut state = shared.state();
         state.making = false;
         match made {

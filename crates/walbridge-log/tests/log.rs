@@ -575,11 +575,12 @@ async fn written_within_finds_the_oldest_segment_written_to_recently() {
     ok(writer.close().await);
 }
 
-fn spares(dir: &Path) -> Vec<std::path::PathBuf> {
+/// The files in `dir` named `*.<extension>`.
+fn files(dir: &Path, extension: &str) -> Vec<std::path::PathBuf> {
     ok(std::fs::read_dir(dir))
         .filter_map(|e| e.ok())
         .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "spare"))
+        .filter(|p| p.extension().is_some_and(|x| x == extension))
         .collect()
 }
 
@@ -597,9 +598,9 @@ fn preallocated() -> LogOptions {
 
 /// Waits until the log in `dir` has a spare ready to roll into.
 async fn wait_for_spare(dir: &Path) {
-    for _ in 0..500 {
-        if !spares(dir).is_empty() {
-            // Made under its final name, then synced: give the sync its time.
+    for _ in 0..1000 {
+        if !files(dir, "spare").is_empty() {
+            // Renamed so once synced; the writer learns of it a moment later.
             tokio::time::sleep(Duration::from_millis(100)).await;
             return;
         }
@@ -648,7 +649,11 @@ async fn records_go_into_zeros_made_ahead_and_the_log_reopens_at_their_end() {
         walbridge_log::segment::VERSION_PREALLOCATED
     );
     ok(writer.close().await);
-    assert!(spares(dir.path()).is_empty(), "closing leaves no spare");
+    assert!(
+        files(dir.path(), "spare").is_empty(),
+        "closing leaves no spare"
+    );
+    assert!(files(dir.path(), "zeroing").is_empty());
 
     let (log, writer, recovery) = ok(Log::open(dir.path(), preallocated()));
     assert_eq!(recovery.truncated_bytes, 0);
