@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
@@ -74,6 +75,14 @@ impl Default for LogOptions {
             when_full: WhenFull::Block,
             preallocate: true,
         }
+    }
+}
+
+impl LogOptions {
+    /// Whether segments are written into zeros made ahead: asked for, and
+    /// the segments are large enough for it to matter.
+    pub(crate) fn preallocates(&self) -> bool {
+        self.preallocate && self.segment_size >= crate::spare::PREALLOCATE_MIN
     }
 }
 
@@ -188,7 +197,15 @@ impl Log {
         let mut recovery = Recovery::default();
         let mut segments = BTreeMap::new();
         if bases.is_empty() {
-            create_segment(dir, 0, Lsn::ZERO)?;
+            if options.preallocates() {
+                let path = segment_path(dir, 0);
+                let header = segment::header(Lsn::ZERO, true);
+                crate::spare::create_preallocated(dir, &path, options.segment_size, &header)
+                    .map_err(LogError::io("create", &path))?;
+                sync_dir(dir)?;
+            } else {
+                create_segment(dir, 0, Lsn::ZERO)?;
+            }
             bases.push(0);
         }
         let (tail, last_lsn) = recover_tail(dir, &mut bases, &options, &mut recovery)?;
@@ -661,8 +678,16 @@ fn recover_tail(
                 .write(true)
                 .open(&path)
                 .map_err(LogError::io("open", &path))?;
-            file.set_len(cut).map_err(LogError::io("truncate", &path))?;
-            file.sync_all().map_err(LogError::io("fsync", &path))?;
+            if scan.preallocated {
+                // Zeros again, so the room made ahead stays.
+                let zeros = vec![0u8; (scan.written_end - cut) as usize];
+                file.write_all_at(&zeros, cut)
+                    .map_err(LogError::io("write zeros over the torn end of", &path))?;
+                file.sync_data().map_err(LogError::io("fsync", &path))?;
+            } else {
+                file.set_len(cut).map_err(LogError::io("truncate", &path))?;
+                file.sync_all().map_err(LogError::io("fsync", &path))?;
+            }
         }
         if recovery.truncated_bytes > 0 {
             tracing::warn!(

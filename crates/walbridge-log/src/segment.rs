@@ -192,6 +192,8 @@ pub struct Scan {
     /// Offset past the last byte written: the file's length, less, in a
     /// preallocated segment, the zeros after its last byte that is not zero.
     pub written_end: u64,
+    /// The segment was zero-filled ahead of its records ([`VERSION_PREALLOCATED`]).
+    pub preallocated: bool,
     /// One past the last valid record's sequence number.
     pub next_seq: u64,
     /// Offset past, next sequence number and LSN of the last valid frame that ends a unit.
@@ -244,6 +246,7 @@ pub fn scan(path: &Path, base: u64) -> Result<Scan, ScanError> {
         valid_end: SEGMENT_HEADER_LEN,
         file_len,
         written_end: file_len,
+        preallocated: is_preallocated(&header_bytes),
         next_seq: base,
         ..Scan::default()
     };
@@ -289,7 +292,7 @@ pub fn scan(path: &Path, base: u64) -> Result<Scan, ScanError> {
         pos += total;
     }
     if let Some((offset, ..)) = scan.bad
-        && is_preallocated(&header_bytes)
+        && scan.preallocated
     {
         scan.written_end = written_end(reader.get_ref(), offset, file_len)?;
     }

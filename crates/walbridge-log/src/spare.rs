@@ -12,26 +12,28 @@
 //!
 //! So while the writer fills one segment, this thread writes the next one
 //! full of zeros and fsyncs it (as `<pid>-<n>.zeroing`, then renamed
-//! `<pid>-<n>.spare` when ready: names no segment has); at a roll the writer writes the segment header into it (of
-//! layout version 2: zeros after its records are room, not damage — and a
-//! walbridge older than this refuses it by its version), syncs, and
-//! renames it into place. A segment of a log whose writer had no spare
-//! ready (a log just created, or a roll sooner than the spare could be
-//! made) is written by growing it, as before, and is left for the spare as
-//! soon as one is ready.
+//! `<pid>-<n>.spare` when ready: names no segment has); at a roll the
+//! writer writes the segment header into it (of layout version 2: zeros
+//! after its records are room, not damage — and a walbridge older than
+//! this refuses it by its version), syncs, and renames it into place. A
+//! new log's first segment is made so when the log is created. A segment
+//! started while no spare was ready (a roll sooner than the spare could be
+//! made, or a log written by a walbridge older than this) is written by
+//! growing it, as before.
 //!
 //! Invariants: a segment file in the log directory never has a segment
 //! name without its header (the header is written and synced before the
 //! rename); only the segment being written can be longer than its records
 //! (a roll cuts it to them before the next exists), and what follows its
 //! records is zeros — or a write a crash cut short, which recovery treats
-//! as any torn tail. Spares left by a crash are removed when the log is
+//! as any torn tail and overwrites with zeros, keeping the room. Spares left by a crash are removed when the log is
 //! opened. Segments smaller than [`PREALLOCATE_MIN`] are not preallocated.
 
 use std::fs::File;
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use crate::error::LogError;
@@ -69,8 +71,6 @@ struct State {
 struct Shared {
     state: Mutex<State>,
     changed: Condvar,
-    /// `state.ready` is set: checked at every append without the lock.
-    has_ready: AtomicBool,
 }
 
 impl Shared {
@@ -93,7 +93,6 @@ impl Spares {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
-            has_ready: AtomicBool::new(false),
         });
         let maker = shared.clone();
         let dir = dir.to_owned();
@@ -118,17 +117,11 @@ impl Spares {
         }
     }
 
-    /// Whether a spare is ready.
-    pub fn ready(&self) -> bool {
-        self.shared.has_ready.load(Ordering::Acquire)
-    }
-
     /// The ready spare, if there is one; the next is made at once (unless
     /// it is under way).
     pub fn take(&self) -> Option<Ready> {
         let mut state = self.shared.state();
         let ready = state.ready.take();
-        self.shared.has_ready.store(false, Ordering::Release);
         if !state.making {
             state.wanted = true;
             self.shared.changed.notify_all();
@@ -149,6 +142,30 @@ impl Drop for Spares {
             let _ = std::fs::remove_file(&ready.path);
         }
     }
+}
+
+/// Creates segment `path` of `size` bytes, zero-filled, with `header`,
+/// everything synced before it takes its name (the caller syncs the
+/// directory): the first segment of a new log.
+pub(crate) fn create_preallocated(
+    dir: &Path,
+    path: &Path,
+    size: u64,
+    header: &[u8],
+) -> std::io::Result<File> {
+    let making = dir.join(format!("{}-first{MAKING_SUFFIX}", std::process::id()));
+    let _ = std::fs::remove_file(&making);
+    let made = zeros(&making, size, || false).and_then(|file| {
+        let file = file.ok_or_else(|| std::io::Error::other("stopped"))?;
+        file.write_all_at(header, 0)?;
+        file.sync_data()?;
+        std::fs::rename(&making, path)?;
+        Ok(file)
+    });
+    if made.is_err() {
+        let _ = std::fs::remove_file(&making);
+    }
+    made
 }
 
 /// Removes the spares a previous run left in `dir` (never used: a spare
@@ -203,7 +220,6 @@ fn make_spares(shared: &Shared, dir: &Path, size: u64) {
                     path,
                     len: size,
                 });
-                shared.has_ready.store(true, Ordering::Release);
             }
             Ok(_) => {
                 // Closed meanwhile.
@@ -227,6 +243,12 @@ fn make_spares(shared: &Shared, dir: &Path, size: u64) {
 /// Writes `size` zeros to a new file at `path` and syncs it; `None` when
 /// the log closed meanwhile.
 fn zero_fill(shared: &Shared, path: &Path, size: u64) -> std::io::Result<Option<File>> {
+    zeros(path, size, || shared.state().closed)
+}
+
+/// Writes `size` zeros to a new file at `path` and syncs it; `None` when
+/// `stop` says so between two chunks.
+fn zeros(path: &Path, size: u64, stop: impl Fn() -> bool) -> std::io::Result<Option<File>> {
     let mut file = File::options()
         .create_new(true)
         .read(true)
@@ -235,7 +257,7 @@ fn zero_fill(shared: &Shared, path: &Path, size: u64) -> std::io::Result<Option<
     let zeros = vec![0u8; CHUNK];
     let mut left = size;
     while left > 0 {
-        if shared.state().closed {
+        if stop() {
             return Ok(None);
         }
         let n = left.min(CHUNK as u64) as usize;

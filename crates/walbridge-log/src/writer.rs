@@ -29,7 +29,7 @@ use crate::error::LogError;
 use crate::frame;
 use crate::log::{FsyncPolicy, Head, Log, Segment, Shared, WhenFull, create_segment, sync_dir};
 use crate::segment::{self, IndexBuilder, SEGMENT_HEADER_LEN, index_path, segment_path};
-use crate::spare::{PREALLOCATE_MIN, Ready, Spares};
+use crate::spare::{Ready, Spares};
 
 /// The most bytes written between two fsyncs (a larger single record is written alone).
 pub const WRITE_BATCH: usize = 8 << 20;
@@ -87,8 +87,7 @@ impl LogWriter {
             .open(&path)
             .map_err(LogError::io("open", &path))?;
         let allocated = file.metadata().map_err(LogError::io("stat", &path))?.len();
-        let spares = if shared.options.preallocate && shared.options.segment_size >= PREALLOCATE_MIN
-        {
+        let spares = if shared.options.preallocates() {
             Some(Spares::start(&shared.dir, shared.options.segment_size)?)
         } else {
             None
@@ -362,12 +361,9 @@ impl WriterThread {
         }
     }
 
-    /// The next record goes to a new segment: the current one has reached
-    /// `segment_size`, or it is being grown while a preallocated one waits.
+    /// The current segment has reached `segment_size`: the next record goes to a new one.
     fn segment_full(&self) -> bool {
-        self.len > SEGMENT_HEADER_LEN
-            && (self.len >= self.shared.options.segment_size
-                || (self.allocated <= self.len && self.spares.as_ref().is_some_and(Spares::ready)))
+        self.len >= self.shared.options.segment_size && self.len > SEGMENT_HEADER_LEN
     }
 
     /// Frames a record into the buffer. Returns the new head if the record
