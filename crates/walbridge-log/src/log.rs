@@ -197,11 +197,18 @@ impl Log {
         let mut recovery = Recovery::default();
         let mut segments = BTreeMap::new();
         if bases.is_empty() {
-            if options.preallocates() {
-                let path = segment_path(dir, 0);
-                let header = segment::header(Lsn::ZERO, true);
-                crate::spare::create_preallocated(dir, &path, options.segment_size, &header)
-                    .map_err(LogError::io("create", &path))?;
+            let path = segment_path(dir, 0);
+            let header = segment::header(Lsn::ZERO, true);
+            let preallocated = options.preallocates()
+                && crate::spare::create_preallocated(dir, &path, options.segment_size, &header)
+                    .inspect_err(|e| {
+                        tracing::warn!(
+                            log = %dir.display(),
+                            "cannot preallocate the log's first segment ({e}); it is written without, which makes each commit of the log slower"
+                        )
+                    })
+                    .is_ok();
+            if preallocated {
                 sync_dir(dir)?;
             } else {
                 create_segment(dir, 0, Lsn::ZERO)?;
