@@ -616,13 +616,7 @@ impl pb::change_feed_server::ChangeFeed for FeedService {
             }),
             counters: counters.clone(),
         };
-        let runtime = tokio::runtime::Handle::current();
-        std::thread::Builder::new()
-            .name(format!("feed-{}", feed.sink))
-            .spawn(move || session.run(&runtime))
-            .map_err(|e| {
-                Status::resource_exhausted(format!("cannot start a session thread: {e}"))
-            })?;
+        tokio::spawn(session.run());
         tokio::spawn(follow(
             requests,
             FollowState {

@@ -1,8 +1,11 @@
 //! One subscription: reads its sources' logs from its positions and sends
 //! whole units, within its flow-control window.
 //!
-//! The session runs on a thread of its own (log reads are blocking file
-//! reads). It takes one unit at a time from one source, round-robin over
+//! The session is a task, as the sinks' feeders are (see the runtime's
+//! pipeline: a thread of its own cost a second wake-up per transaction,
+//! each of which can wait a scheduler slice on a busy machine); its log
+//! reads are plain file reads, of records just written when it keeps up.
+//! It takes one unit at a time from one source, round-robin over
 //! the sources with something to read, so each source's commit order is
 //! kept and none starves the others. Before a unit it waits for room in
 //! the window ([`Flow`]); once it began a unit it sends all of it, so a
@@ -277,9 +280,9 @@ impl Session {
 
     /// Runs until the subscriber goes or the feed stops; an error is sent
     /// to the subscriber as its status.
-    pub fn run(mut self, runtime: &tokio::runtime::Handle) {
-        if let Err(e) = self.serve(runtime) {
-            let _ = self.out.blocking_send(Err(e.status()));
+    pub async fn run(mut self) {
+        if let Err(e) = self.serve().await {
+            let _ = self.out.send(Err(e.status())).await;
         }
     }
 
@@ -287,7 +290,7 @@ impl Session {
         *self.cancel.borrow() || self.out.is_closed()
     }
 
-    fn serve(&mut self, runtime: &tokio::runtime::Handle) -> Result<(), FeedError> {
+    async fn serve(&mut self) -> Result<(), FeedError> {
         let mut last_sent = Instant::now();
         let mut turn = 0;
         let mut flow_changed = self.flow.changed.subscribe();
@@ -298,7 +301,7 @@ impl Session {
             if self.cancelled() {
                 return Ok(());
             }
-            match self.take_turn(runtime) {
+            match self.take_turn().await {
                 Ok(Go::Read) => {}
                 Ok(Go::Again) => {
                     last_sent = Instant::now();
@@ -309,10 +312,11 @@ impl Session {
             }
             let due = last_sent + self.heartbeat;
             if Instant::now() >= due {
-                match self.send(vec![respond(Event::Progress(pb::Progress {
+                let progress = respond(Event::Progress(pb::Progress {
                     resume_token: self.token(),
                     sources: self.positions(),
-                }))]) {
+                }));
+                match self.send(vec![progress]).await {
                     Ok(_) => last_sent = Instant::now(),
                     Err(Gone) => return Ok(()),
                 }
@@ -323,20 +327,17 @@ impl Session {
                 if self.flow.has_room() {
                     continue;
                 }
-                let cancel = &mut self.cancel;
-                runtime.block_on(async {
-                    tokio::select! {
-                        _ = flow_changed.changed() => {}
-                        _ = cancel.wait_for(|c| *c) => {}
-                        _ = tokio::time::sleep_until(due.into()) => {}
-                    }
-                });
+                tokio::select! {
+                    _ = flow_changed.changed() => {}
+                    _ = self.cancel.wait_for(|c| *c) => {}
+                    _ = tokio::time::sleep_until(due.into()) => {}
+                }
                 continue;
             }
             let mut sent_any = None;
             for k in 0..self.sources.len() {
                 let i = (turn + k) % self.sources.len();
-                match self.unit(i) {
+                match self.unit(i).await {
                     Ok(Some(sent)) => {
                         sent_any = Some(sent);
                         turn = i + 1;
@@ -354,15 +355,13 @@ impl Session {
                     let Session {
                         sources, cancel, ..
                     } = self;
-                    runtime.block_on(async {
-                        let readable =
-                            select_all(sources.iter_mut().map(|s| Box::pin(s.reader.wait())));
-                        tokio::select! {
-                            _ = readable => {}
-                            _ = cancel.wait_for(|c| *c) => {}
-                            _ = tokio::time::sleep_until(due.into()) => {}
-                        }
-                    });
+                    let readable =
+                        select_all(sources.iter_mut().map(|s| Box::pin(s.reader.wait())));
+                    tokio::select! {
+                        _ = readable => {}
+                        _ = cancel.wait_for(|c| *c) => {}
+                        _ = tokio::time::sleep_until(due.into()) => {}
+                    }
                 }
             }
         }
@@ -371,10 +370,7 @@ impl Session {
     /// What a group member is to do before reading on: nothing (not a
     /// member, or reading its assignment), start a new assignment, drain,
     /// or wait for the others.
-    fn take_turn(
-        &mut self,
-        runtime: &tokio::runtime::Handle,
-    ) -> Result<Go, Result<Gone, FeedError>> {
+    async fn take_turn(&mut self) -> Result<Go, Result<Gone, FeedError>> {
         let Some(membership) = &mut self.membership else {
             return Ok(Go::Read);
         };
@@ -393,7 +389,7 @@ impl Session {
                 if current == Some(assignment.generation) {
                     return Ok(Go::Read);
                 }
-                self.start_reading(assignment)?;
+                self.start_reading(assignment).await?;
                 return Ok(Go::Again);
             }
             Turn::Drain(generation) => {
@@ -415,21 +411,21 @@ impl Session {
             // The others are draining; a member that leaves wakes us too.
             Turn::Wait => Instant::now() + REBALANCE_TIMEOUT,
         };
-        let cancel = &mut self.cancel;
-        runtime.block_on(async {
-            tokio::select! {
-                _ = changed.changed() => {}
-                _ = flow_changed.changed() => {}
-                _ = cancel.wait_for(|c| *c) => {}
-                _ = tokio::time::sleep_until(deadline.into()) => {}
-            }
-        });
+        tokio::select! {
+            _ = changed.changed() => {}
+            _ = flow_changed.changed() => {}
+            _ = self.cancel.wait_for(|c| *c) => {}
+            _ = tokio::time::sleep_until(deadline.into()) => {}
+        }
         Ok(Go::Again)
     }
 
     /// Starts reading `assignment`: each source from the least advanced of
     /// its partitions' stored positions; tells the subscriber.
-    fn start_reading(&mut self, assignment: Assignment) -> Result<(), Result<Gone, FeedError>> {
+    async fn start_reading(
+        &mut self,
+        assignment: Assignment,
+    ) -> Result<(), Result<Gone, FeedError>> {
         let Some(membership) = &mut self.membership else {
             return Ok(());
         };
@@ -478,12 +474,12 @@ impl Session {
         });
         tracing::info!(consumer = %membership.consumer, generation = assignment.generation, partitions = ?assignment.partitions, members = assignment.members, "group member assigned");
         membership.reading = Some((assignment, from));
-        self.send(vec![respond(event)]).map_err(Ok)?;
+        self.send(vec![respond(event)]).await.map_err(Ok)?;
         Ok(())
     }
 
     /// Sends `messages`; what they count against the window.
-    fn send(&self, messages: Vec<pb::SubscribeResponse>) -> Result<(u64, u64), Gone> {
+    async fn send(&self, messages: Vec<pb::SubscribeResponse>) -> Result<(u64, u64), Gone> {
         let mut events = 0;
         let mut bytes = 0;
         for message in messages {
@@ -493,16 +489,28 @@ impl Session {
                 _ => 0,
             };
             bytes += prost::Message::encoded_len(&message) as u64;
-            self.out.blocking_send(Ok(message)).map_err(|_| Gone)?;
+            self.out.send(Ok(message)).await.map_err(|_| Gone)?;
         }
         self.counters.events.increment(events);
         self.counters.bytes.increment(bytes);
         Ok((events, bytes))
     }
 
+    /// Sends what `out` holds, adding what it counts against the window to `sent`.
+    async fn flush(
+        &self,
+        out: &mut Vec<pb::SubscribeResponse>,
+        sent: &mut (u64, u64),
+    ) -> Result<(), Result<Gone, FeedError>> {
+        let (events, bytes) = self.send(std::mem::take(out)).await.map_err(Ok)?;
+        sent.0 += events;
+        sent.1 += bytes;
+        Ok(())
+    }
+
     /// Reads and sends source `i`'s next unit: `None` when it has none
     /// yet, else whether anything was sent (the filter may leave nothing).
-    fn unit(&mut self, i: usize) -> Result<Option<bool>, Result<Gone, FeedError>> {
+    async fn unit(&mut self, i: usize) -> Result<Option<bool>, Result<Gone, FeedError>> {
         let failed = |name: &str| {
             let source_name = name.to_owned();
             move |error| Err(FeedError::Log { source_name, error })
@@ -514,14 +522,6 @@ impl Session {
         let name = source.name.clone();
         let mut out = Vec::new();
         let mut sent = (0u64, 0u64);
-        let mut count = |session: &Session,
-                         out: &mut Vec<pb::SubscribeResponse>|
-         -> Result<(), Result<Gone, FeedError>> {
-            let (e, b) = session.send(std::mem::take(out)).map_err(Ok)?;
-            sent.0 += e;
-            sent.1 += b;
-            Ok(())
-        };
         let ReadRecord {
             seq, lsn, entry, ..
         } = record;
@@ -551,7 +551,7 @@ impl Session {
                         self.encoder
                             .change((i, &name), &info, &mut transaction, change, &mut out);
                     }
-                    count(self, &mut out)?;
+                    self.flush(&mut out, &mut sent).await?;
                     if last {
                         break;
                     }
@@ -578,10 +578,10 @@ impl Session {
                 self.sources[i].delays.read(info.commit_time);
                 let token = self.token();
                 let commit = Encoder::commit(&name, &info, &transaction, token);
-                let sent = commit.is_some();
+                let committed = commit.is_some();
                 out.extend(commit);
-                count(self, &mut out)?;
-                if sent {
+                self.flush(&mut out, &mut sent).await?;
+                if committed {
                     self.sources[i].delays.applied(info.commit_time);
                 }
             }
@@ -620,7 +620,7 @@ impl Session {
                     token,
                     &mut out,
                 );
-                count(self, &mut out)?;
+                self.flush(&mut out, &mut sent).await?;
             }
             Entry::SnapshotComplete { consistent_point } => {
                 self.advance(i, seq + 1, lsn, 0);
@@ -629,21 +629,21 @@ impl Session {
                     lsn: consistent_point.to_string(),
                     resume_token: self.token(),
                 })));
-                count(self, &mut out)?;
+                self.flush(&mut out, &mut sent).await?;
             }
             Entry::Message(message) => {
                 self.advance(i, seq + 1, lsn, 0);
                 if self.membership.as_ref().is_none_or(|m| m.takes(i, seq, 0)) {
                     out.extend(self.encoder.message(&name, &message, self.token()));
                 }
-                count(self, &mut out)?;
+                self.flush(&mut out, &mut sent).await?;
             }
             Entry::Sequences(values) => {
                 self.advance(i, seq + 1, lsn, 0);
                 if self.membership.as_ref().is_none_or(|m| m.takes(i, seq, 0)) {
                     out.push(crate::encode::sequences(&name, &values, self.token()));
                 }
-                count(self, &mut out)?;
+                self.flush(&mut out, &mut sent).await?;
             }
         }
         if sent.0 > 0 || sent.1 > 0 {
