@@ -218,7 +218,8 @@ impl Deployment {
             .to_owned()
     }
 
-    /// Bytes in the durable log of source `src` (segment files).
+    /// Bytes of records in the durable log of source `src` (its segment
+    /// files, less the zeros written ahead of the records).
     pub fn log_bytes(&self) -> u64 {
         let dir = self.path().join("data/sources/src/log");
         std::fs::read_dir(dir)
@@ -226,8 +227,7 @@ impl Deployment {
                 entries
                     .filter_map(|e| e.ok())
                     .filter(|e| e.path().extension().is_some_and(|x| x == "seg"))
-                    .filter_map(|e| e.metadata().ok())
-                    .map(|m| m.len())
+                    .map(|e| segment_bytes(&e.path()))
                     .sum()
             })
             .unwrap_or(0)
@@ -400,4 +400,30 @@ impl Drop for Running {
             let _ = child.wait();
         }
     }
+}
+
+/// Where the records of a log segment end: past the last frame whose
+/// header is not all zeros, walking the frames by their lengths (the
+/// layout of crates/walbridge-log/src/segment.rs and frame.rs: a 24-byte
+/// segment header, then frames of a 25-byte header, whose first 4 bytes
+/// are the payload's length, and the payload). A segment zero-filled
+/// ahead is longer than its records; any other ends where they do.
+fn segment_bytes(path: &Path) -> u64 {
+    use std::os::unix::fs::FileExt;
+    const SEGMENT_HEADER: u64 = 24;
+    const FRAME_HEADER: usize = 25;
+    let Ok(file) = std::fs::File::open(path) else {
+        return 0;
+    };
+    let len = file.metadata().map_or(0, |m| m.len());
+    let mut header = [0u8; FRAME_HEADER];
+    let mut pos = SEGMENT_HEADER;
+    while pos + FRAME_HEADER as u64 <= len
+        && file.read_exact_at(&mut header, pos).is_ok()
+        && header != [0; FRAME_HEADER]
+    {
+        let payload = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+        pos += FRAME_HEADER as u64 + u64::from(payload);
+    }
+    pos.min(len)
 }
