@@ -192,7 +192,7 @@ impl Log {
     pub fn open(dir: &Path, options: LogOptions) -> Result<(Log, LogWriter, Recovery), LogError> {
         std::fs::create_dir_all(dir).map_err(LogError::io("create", dir))?;
         let id = log_id(dir)?;
-        crate::spare::remove_leftovers(dir)?;
+        crate::spare::remove_leftovers(dir, options.preallocates())?;
         let mut bases = list_segments(dir)?;
         let mut recovery = Recovery::default();
         let mut segments = BTreeMap::new();

@@ -26,8 +26,9 @@
 //! rename); only the segment being written can be longer than its records
 //! (a roll cuts it to them before the next exists), and what follows its
 //! records is zeros — or a write a crash cut short, which recovery treats
-//! as any torn tail and overwrites with zeros, keeping the room. Spares left by a crash are removed when the log is
-//! opened. Segments smaller than [`PREALLOCATE_MIN`] are not preallocated.
+//! as any torn tail and overwrites with zeros, keeping the room. A spare
+//! left ready when the log closed is taken by the next run; one that was
+//! being made is removed when the log is opened. Segments smaller than [`PREALLOCATE_MIN`] are not preallocated.
 
 use std::fs::File;
 use std::io::Write;
@@ -88,10 +89,14 @@ pub(crate) struct Spares {
 
 impl Spares {
     /// Starts a thread that makes spares of `size` bytes in `dir`, the
-    /// first when [`Spares::request`]ed.
+    /// first when [`Spares::request`]ed — unless a previous run left one
+    /// ready, which is taken as it is.
     pub fn start(dir: &Path, size: u64) -> Result<Self, LogError> {
         let shared = Arc::new(Shared {
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                ready: adopt(dir, size)?,
+                ..State::default()
+            }),
             changed: Condvar::new(),
         });
         let maker = shared.clone();
@@ -138,10 +143,44 @@ impl Drop for Spares {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
-        if let Some(ready) = self.shared.state().ready.take() {
-            let _ = std::fs::remove_file(&ready.path);
+        // A spare left ready is complete and synced: the next run takes it.
+    }
+}
+
+/// The spare of `size` bytes a previous run left ready in `dir`, if any;
+/// others (of another size) are removed.
+fn adopt(dir: &Path, size: u64) -> Result<Option<Ready>, LogError> {
+    let mut adopted = None;
+    for path in files_ending(dir, SPARE_SUFFIX)? {
+        let fits = std::fs::metadata(&path).is_ok_and(|m| m.len() == size);
+        let file = match adopted {
+            None if fits => File::options().read(true).write(true).open(&path).ok(),
+            _ => None,
+        };
+        match file {
+            Some(file) => {
+                adopted = Some(Ready {
+                    file,
+                    path,
+                    len: size,
+                })
+            }
+            None => std::fs::remove_file(&path).map_err(LogError::io("remove", &path))?,
         }
     }
+    Ok(adopted)
+}
+
+/// The files in `dir` whose names end with `suffix`.
+fn files_ending(dir: &Path, suffix: &str) -> Result<Vec<PathBuf>, LogError> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(LogError::io("list", dir))? {
+        let entry = entry.map_err(LogError::io("list", dir))?;
+        if entry.file_name().to_string_lossy().ends_with(suffix) {
+            found.push(entry.path());
+        }
+    }
+    Ok(found)
 }
 
 /// Creates segment `path` of `size` bytes, zero-filled, with `header`,
@@ -168,17 +207,16 @@ pub(crate) fn create_preallocated(
     made
 }
 
-/// Removes the spares a previous run left in `dir` (never used: a spare
-/// becomes a segment only by a rename).
-pub(crate) fn remove_leftovers(dir: &Path) -> Result<(), LogError> {
-    for entry in std::fs::read_dir(dir).map_err(LogError::io("list", dir))? {
-        let entry = entry.map_err(LogError::io("list", dir))?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.ends_with(SPARE_SUFFIX) || name.ends_with(MAKING_SUFFIX) {
-            let path = entry.path();
-            std::fs::remove_file(&path).map_err(LogError::io("remove", &path))?;
-        }
+/// Removes from `dir` the spares a previous run was making (never
+/// complete), and the ready ones too unless `keep_ready` (the log makes
+/// none now).
+pub(crate) fn remove_leftovers(dir: &Path, keep_ready: bool) -> Result<(), LogError> {
+    let mut leftovers = files_ending(dir, MAKING_SUFFIX)?;
+    if !keep_ready {
+        leftovers.extend(files_ending(dir, SPARE_SUFFIX)?);
+    }
+    for path in leftovers {
+        std::fs::remove_file(&path).map_err(LogError::io("remove", &path))?;
     }
     Ok(())
 }
@@ -201,7 +239,11 @@ fn make_spares(shared: &Shared, dir: &Path, size: u64) {
             state.making = true;
         }
         let n = MADE.fetch_add(1, Ordering::Relaxed);
-        let name = format!("{}-{n}", std::process::id());
+        // Unique beside a spare an earlier process (maybe of the same pid) left.
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let name = format!("{}-{started}-{n}", std::process::id());
         let making = dir.join(format!("{name}{MAKING_SUFFIX}"));
         let path = dir.join(format!("{name}{SPARE_SUFFIX}"));
         let made = zero_fill(shared, &making, size).and_then(|file| {
