@@ -60,7 +60,9 @@ pub struct LogOptions {
     /// What happens at `max_size`.
     pub when_full: WhenFull,
     /// Write segments into files zero-filled ahead (see `crate::spare`),
-    /// when they are at least 1 MiB.
+    /// when they are at least 1 MiB. Off by default: it makes each commit
+    /// of a steady stream cheaper, and a bulk load (the initial copy)
+    /// dearer, by the zeros it writes.
     pub preallocate: bool,
 }
 
@@ -73,7 +75,7 @@ impl Default for LogOptions {
             retention_size: None,
             max_size: None,
             when_full: WhenFull::Block,
-            preallocate: true,
+            preallocate: false,
         }
     }
 }

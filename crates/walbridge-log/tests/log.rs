@@ -242,7 +242,11 @@ async fn damage_in_the_middle_is_an_error_naming_segment_and_offset() {
 #[tokio::test]
 async fn damage_too_far_from_the_end_of_the_last_segment_is_not_taken_for_a_torn_write() {
     let dir = ok(tempfile::tempdir());
-    let (log, writer, _) = ok(Log::open(dir.path(), LogOptions::default()));
+    let zero_filled = LogOptions {
+        preallocate: true,
+        ..LogOptions::default()
+    };
+    let (log, writer, _) = ok(Log::open(dir.path(), zero_filled.clone()));
     let big = RecordEncoder::default().message(&LogicalMessage {
         lsn: Lsn(1),
         transactional: false,
@@ -261,7 +265,7 @@ async fn damage_too_far_from_the_end_of_the_last_segment_is_not_taken_for_a_torn
     let mut bytes = ok(std::fs::read(&seg));
     bytes[24 + 100] ^= 1;
     ok(std::fs::write(&seg, &bytes));
-    match Log::open(dir.path(), LogOptions::default()) {
+    match Log::open(dir.path(), zero_filled.clone()) {
         Err(LogError::Corrupt { offset, .. }) => assert_eq!(offset, 24),
         Err(e) => panic!("unexpected error {e}"),
         Ok(_) => panic!("corruption 12 MB before the end was taken for a torn write"),
@@ -591,10 +595,11 @@ fn version(seg: &Path) -> u32 {
     u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]])
 }
 
-/// 1 MiB segments, preallocated (the default).
+/// 1 MiB segments, preallocated.
 fn preallocated() -> LogOptions {
     LogOptions {
         segment_size: 1 << 20,
+        preallocate: true,
         ..LogOptions::default()
     }
 }

@@ -61,13 +61,9 @@ pub struct LogConfig {
     /// At `max_size`: `block` (default) or `drop_sink`.
     #[serde(default)]
     pub when_full: WhenFullMode,
-    /// Write segments into files zero-filled ahead (default true).
-    #[serde(default = "yes")]
+    /// Write segments into files zero-filled ahead (default false).
+    #[serde(default)]
     pub preallocate: bool,
-}
-
-fn yes() -> bool {
-    true
 }
 
 impl Default for LogConfig {
@@ -80,7 +76,7 @@ impl Default for LogConfig {
             retention_size: None,
             max_size: None,
             when_full: WhenFullMode::default(),
-            preallocate: true,
+            preallocate: false,
         }
     }
 }
