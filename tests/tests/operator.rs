@@ -125,8 +125,17 @@ fn a_full_disk_pauses_reading_from_the_publisher_until_there_is_room() {
         "pub",
         "copy_data = false\nstatus_interval = 1",
     );
+    // Zeros made ahead cannot fit either: the log starts without them.
+    let config = std::fs::read_to_string(wb.config_path()).unwrap_or_default();
+    wb.write_config(&format!("{config}\n[log]\npreallocate = true\n"));
     let running = wb.start();
     pg.wait_for_streaming(WAIT);
+    assert!(
+        wb.log()
+            .contains("cannot preallocate the log's first segment"),
+        "log:\n{}",
+        wb.log()
+    );
     // About 6 MB of changes: twice what the file system holds.
     insert(&pg, (1, 6000), 1000, 500);
     wb.wait_for_log("the file system holding the log is full", WAIT);
