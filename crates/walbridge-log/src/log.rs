@@ -203,12 +203,7 @@ impl Log {
             let header = segment::header(Lsn::ZERO, true);
             let preallocated = options.preallocates()
                 && crate::spare::create_preallocated(dir, &path, options.segment_size, &header)
-                    .inspect_err(|e| {
-                        tracing::warn!(
-                            log = %dir.display(),
-                            "cannot preallocate the log's first segment ({e}); it is written without, which makes each commit of the log slower"
-                        )
-                    })
+                    .inspect_err(|e| crate::spare::not_preallocated(dir, "first", e))
                     .is_ok();
             if preallocated {
                 sync_dir(dir)?;

@@ -207,6 +207,15 @@ pub(crate) fn create_preallocated(
     made
 }
 
+/// Says that the log in `dir` writes its `which` segment without zeros
+/// made ahead, and why: not a failure of the log.
+pub(crate) fn not_preallocated(dir: &Path, which: &str, e: &std::io::Error) {
+    tracing::warn!(
+        log = %dir.display(),
+        "cannot preallocate the log's {which} segment ({e}); it is written without, which makes each commit of the log slower"
+    );
+}
+
 /// Removes from `dir` the spares a previous run was making (never
 /// complete), and the ready ones too unless `keep_ready` (the log makes
 /// none now).
@@ -273,10 +282,7 @@ fn make_spares(shared: &Shared, dir: &Path, size: u64) {
                 drop(state);
                 // Not a failure of the log: segments grow as they are written.
                 let _ = std::fs::remove_file(&path);
-                tracing::warn!(
-                    log = %dir.display(),
-                    "cannot preallocate the next log segment ({e}); it is written without, which makes each commit of the log slower"
-                );
+                not_preallocated(dir, "next", &e);
             }
         }
     }
