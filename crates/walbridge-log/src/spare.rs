@@ -196,15 +196,27 @@ pub(crate) fn create_preallocated(
     let _ = std::fs::remove_file(&making);
     let made = zeros(&making, size, || false).and_then(|file| {
         let file = file.ok_or_else(|| std::io::Error::other("stopped"))?;
-        file.write_all_at(header, 0)?;
-        file.sync_data()?;
-        std::fs::rename(&making, path)?;
+        become_segment(&file, &making, path, header)?;
         Ok(file)
     });
     if made.is_err() {
         let _ = std::fs::remove_file(&making);
     }
     made
+}
+
+/// Makes zero-filled `file` (at `from`) the segment `to`: its header
+/// written and synced before it takes the segment's name (the caller
+/// syncs the directory).
+pub(crate) fn become_segment(
+    file: &File,
+    from: &Path,
+    to: &Path,
+    header: &[u8],
+) -> std::io::Result<()> {
+    file.write_all_at(header, 0)?;
+    file.sync_data()?;
+    std::fs::rename(from, to)
 }
 
 /// Says that the log in `dir` writes its `which` segment without zeros

@@ -464,11 +464,10 @@ impl WriterThread {
     /// roll). Returns the file and its length.
     fn install(&self, spare: Ready, base: u64) -> Result<(File, u64), LogError> {
         let Ready { file, path, len } = spare;
-        file.write_all_at(&segment::header(self.last_unit_lsn, true), 0)
-            .map_err(LogError::io("write", &path))?;
-        file.sync_data().map_err(LogError::io("fsync", &path))?;
         let target = segment_path(&self.shared.dir, base);
-        std::fs::rename(&path, &target).map_err(LogError::io("rename a spare to", &target))?;
+        let header = segment::header(self.last_unit_lsn, true);
+        crate::spare::become_segment(&file, &path, &target, &header)
+            .map_err(LogError::io("make a segment of", &path))?;
         Ok((file, len))
     }
 
