@@ -6,7 +6,7 @@ use walbridge_core::{Change, Lsn, SnapshotBatch, SourceEvent, TransactionInfo};
 
 use crate::error::LogError;
 use crate::log::Log;
-use crate::record::RecordEncoder;
+use crate::record::{Entry, RecordEncoder};
 use crate::writer::LogWriter;
 
 /// A transaction's changes are written in chunks of about this many bytes,
@@ -102,13 +102,17 @@ impl Appender {
             }
             SourceEvent::Message(m) => {
                 let payload = self.encoder.message(&m);
+                let lsn = Self::message_lsn(m.lsn);
                 self.writer
-                    .append(payload, Self::message_lsn(m.lsn), true)
+                    .append_unit(payload, Entry::Message(m), lsn)
                     .await?;
             }
             SourceEvent::Sequences(values) => {
                 let payload = self.encoder.sequences(&values);
-                self.writer.append(payload, values.lsn, true).await?;
+                let lsn = values.lsn;
+                self.writer
+                    .append_unit(payload, Entry::Sequences(values), lsn)
+                    .await?;
             }
         }
         Ok(())
@@ -124,6 +128,17 @@ impl Appender {
             .encoder
             .transaction(&open.info, open.first, last, &open.changes);
         let lsn = open.info.end_lsn;
+        if open.first && last {
+            // A whole transaction in one record: readers that keep up take it as it is.
+            let entry = Entry::Transaction {
+                info: open.info.clone(),
+                first: true,
+                last: true,
+                changes: std::mem::take(&mut open.changes),
+            };
+            self.open = None;
+            return self.writer.append_unit(payload, entry, lsn).await;
+        }
         open.first = false;
         open.changes.clear();
         open.bytes = 0;

@@ -13,7 +13,9 @@
 //! * [`Head`] is the readable end: durable records forming complete units.
 //!   It is what the source confirms to PostgreSQL, and where readers stop.
 //! * [`LogReader`] reads from any position (found through each segment's
-//!   sparse index) with bounded memory.
+//!   sparse index) with bounded memory. A reader that has caught up takes
+//!   new records from the writer in memory, as it appended them, instead
+//!   of reading and decoding the file (`handoff`).
 //! * Consumers keep their positions in [`CursorFile`]s and report them
 //!   with [`Log::advance_cursor`]; segments every cursor has passed are
 //!   removed, subject to retention and `max_size` ([`LogOptions`]).
@@ -31,6 +33,7 @@ mod log;
 mod pb {
     include!(concat!(env!("OUT_DIR"), "/walbridge.log.v1.rs"));
 }
+mod handoff;
 mod reader;
 pub mod record;
 pub mod segment;

@@ -13,6 +13,7 @@ use walbridge_core::Lsn;
 
 use crate::error::LogError;
 use crate::frame::FrameError;
+use crate::handoff::Handoff;
 use crate::reader::LogReader;
 use crate::segment::{
     self, IndexBuilder, IndexEntry, SEGMENT_HEADER_LEN, ScanError, index_path, segment_path,
@@ -163,6 +164,8 @@ pub(crate) struct Shared {
     pub durable: watch::Sender<Head>,
     /// Total bytes in the log.
     pub size: watch::Sender<u64>,
+    /// Records handed from the writer to readers that have caught up.
+    pub handoff: Handoff,
 }
 
 impl Shared {
@@ -253,6 +256,7 @@ impl Log {
             head: watch::Sender::new(head),
             durable: watch::Sender::new(head),
             size: watch::Sender::new(size),
+            handoff: Handoff::new(head.next_seq),
         });
         let writer = LogWriter::start(shared.clone(), active, tail.valid_end, tail.index, head)?;
         Ok((Log { shared }, writer, recovery))

@@ -1,5 +1,6 @@
 //! Reading a log from any position, record by record.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{BufReader, Read, Take};
 use std::path::PathBuf;
@@ -11,6 +12,7 @@ use walbridge_core::Lsn;
 
 use crate::error::LogError;
 use crate::frame::{self, FrameError, FrameHeader, HEADER_LEN};
+use crate::handoff::Taken;
 use crate::log::{Head, Shared, Visibility};
 use crate::record::{Entry, RecordDecoder};
 use crate::segment::{self, SEGMENT_HEADER_LEN, segment_path};
@@ -33,9 +35,14 @@ pub struct ReadRecord {
 /// Reads records in order, never past the readable end ([`Head`]; or the
 /// durable end, with [`Visibility::Unfinished`]). Memory
 /// is one record plus a read buffer, whatever the log's size.
+///
+/// Once it has read everything readable it takes what follows from the
+/// writer, in memory, while it keeps up ([`crate::handoff`]), and from the
+/// file otherwise.
 #[derive(Debug)]
 pub struct LogReader {
     shared: Arc<Shared>,
+    visibility: Visibility,
     head: watch::Receiver<Head>,
     base: u64,
     path: PathBuf,
@@ -44,6 +51,14 @@ pub struct LogReader {
     pos: u64,
     next_seq: u64,
     decoder: RecordDecoder,
+    /// Its subscription to the hand-off, while it has one.
+    subscription: Option<u64>,
+    /// Records taken from the hand-off, not yet returned.
+    taken: VecDeque<ReadRecord>,
+    /// The file is not at `next_seq` (records came from the hand-off).
+    moved_on: bool,
+    /// Records returned from the hand-off.
+    from_memory: u64,
 }
 
 impl LogReader {
@@ -52,6 +67,19 @@ impl LogReader {
         seq: u64,
         visibility: Visibility,
     ) -> Result<Self, LogError> {
+        let (base, pos, at) = Self::locate(&shared, seq)?;
+        let mut reader = Self::open_at(shared, base, pos, at)?;
+        if visibility == Visibility::Unfinished {
+            reader.visibility = visibility;
+            reader.head = reader.shared.durable.subscribe();
+        }
+        reader.skip_to(seq)?;
+        Ok(reader)
+    }
+
+    /// The segment holding record `seq`, and the indexed record before it:
+    /// `(segment, position, record)`.
+    fn locate(shared: &Shared, seq: u64) -> Result<(u64, u64, u64), LogError> {
         let head = *shared.head.borrow();
         let (base, entry) = {
             let state = shared.state();
@@ -76,16 +104,32 @@ impl LogReader {
             (base, segment::lookup(&seg.index, seq))
         };
         let (pos, at) = entry.map_or((SEGMENT_HEADER_LEN, base), |e| (e.pos, e.seq));
-        let mut reader = Self::open_at(shared, base, pos, at)?;
-        if visibility == Visibility::Unfinished {
-            reader.head = reader.shared.durable.subscribe();
-        }
-        while reader.next_seq < seq {
-            if reader.next_header()?.is_none() {
+        Ok((base, pos, at))
+    }
+
+    /// Reads past the records before `seq`.
+    fn skip_to(&mut self, seq: u64) -> Result<(), LogError> {
+        while self.next_seq < seq {
+            if self.next_header()?.is_none() {
                 break;
             }
         }
-        Ok(reader)
+        Ok(())
+    }
+
+    /// Puts the file at `next_seq` again, after records taken from the hand-off.
+    fn catch_up_file(&mut self) -> Result<(), LogError> {
+        let seq = self.next_seq;
+        let (base, pos, at) = Self::locate(&self.shared, seq)?;
+        let path = segment_path(&self.shared.dir, base);
+        self.file = segment::open_at(&path, pos).map_err(LogError::io("open", &path))?;
+        self.path = path;
+        self.base = base;
+        self.pos = pos;
+        self.next_seq = at;
+        self.skip_to(seq)?;
+        self.moved_on = false;
+        Ok(())
     }
 
     pub(crate) fn open_at(
@@ -98,6 +142,7 @@ impl LogReader {
         let file = segment::open_at(&path, pos).map_err(LogError::io("open", &path))?;
         Ok(LogReader {
             head: shared.head.subscribe(),
+            visibility: Visibility::CompleteUnits,
             shared,
             base,
             path,
@@ -105,6 +150,10 @@ impl LogReader {
             pos,
             next_seq: seq,
             decoder: RecordDecoder::default(),
+            subscription: None,
+            taken: VecDeque::new(),
+            moved_on: false,
+            from_memory: 0,
         })
     }
 
@@ -120,9 +169,29 @@ impl LogReader {
         let _ = self.head.wait_for(|h| h.next_seq > next).await;
     }
 
+    /// How many of the records it returned it took from memory, not
+    /// the file.
+    pub fn from_memory(&self) -> u64 {
+        self.from_memory
+    }
+
     /// The next record, or `None` when everything readable has been read.
     pub fn try_next(&mut self) -> Result<Option<ReadRecord>, LogError> {
+        if let Some(record) = self.take_handed() {
+            return Ok(Some(record));
+        }
+        if self.subscription.is_some() {
+            return Ok(None);
+        }
+        if self.moved_on {
+            self.catch_up_file()?;
+        }
         let Some((header, payload)) = self.next_frame()? else {
+            // Everything readable is read: what follows may come from memory.
+            self.subscription = self
+                .shared
+                .handoff
+                .subscribe(self.next_seq, self.visibility);
             return Ok(None);
         };
         let entry = self
@@ -140,6 +209,20 @@ impl LogReader {
             size: header.frame_len(),
             entry,
         }))
+    }
+
+    fn take_handed(&mut self) -> Option<ReadRecord> {
+        if self.taken.is_empty() {
+            let id = self.subscription?;
+            if let Taken::Dropped = self.shared.handoff.take(id, &mut self.taken) {
+                self.subscription = None;
+            }
+        }
+        let record = self.taken.pop_front()?;
+        self.next_seq = record.seq + 1;
+        self.moved_on = true;
+        self.from_memory += 1;
+        Some(record)
     }
 
     /// Reads and verifies the next frame without decoding it.
@@ -261,5 +344,13 @@ impl LogReader {
         self.base = base;
         self.pos = SEGMENT_HEADER_LEN;
         Ok(())
+    }
+}
+
+impl Drop for LogReader {
+    fn drop(&mut self) {
+        if let Some(id) = self.subscription {
+            self.shared.handoff.unsubscribe(id);
+        }
     }
 }

@@ -28,6 +28,8 @@ use walbridge_core::Lsn;
 use crate::error::LogError;
 use crate::frame;
 use crate::log::{FsyncPolicy, Head, Log, Segment, Shared, WhenFull, create_segment, sync_dir};
+use crate::reader::ReadRecord;
+use crate::record::Entry;
 use crate::segment::{self, IndexBuilder, SEGMENT_HEADER_LEN, index_path, segment_path};
 use crate::spare::{Ready, Spares};
 
@@ -50,6 +52,9 @@ const QUEUE_BYTES: usize = 32 << 20;
 enum Command {
     Append {
         payload: Vec<u8>,
+        /// What the payload holds, for readers taking it from memory
+        /// ([`crate::handoff`]); only on a record that is a whole unit.
+        entry: Option<Entry>,
         lsn: Lsn,
         unit_end: bool,
         /// Queue bytes to give back once written.
@@ -124,6 +129,7 @@ impl LogWriter {
             next_seq: head.next_seq,
             last_unit_lsn: head.last_lsn,
             tail: head,
+            handed: Vec::new(),
             buffer: Vec::with_capacity(WRITE_BATCH + (1 << 20)),
             unsynced: false,
         };
@@ -164,6 +170,29 @@ impl LogWriter {
     /// sink can move past a unit, and so free space, before it is whole
     /// (the log then holds max_size and the rest of one unit).
     pub async fn append(&self, payload: Vec<u8>, lsn: Lsn, unit_end: bool) -> Result<(), LogError> {
+        self.queue(payload, None, lsn, unit_end).await
+    }
+
+    /// Queues a record that is a whole unit by itself, with what it holds:
+    /// readers that have caught up take `entry` from memory instead of
+    /// reading and decoding the record ([`crate::handoff`]). `entry` must be
+    /// what decoding `payload` gives.
+    pub async fn append_unit(
+        &self,
+        payload: Vec<u8>,
+        entry: Entry,
+        lsn: Lsn,
+    ) -> Result<(), LogError> {
+        self.queue(payload, Some(entry), lsn, true).await
+    }
+
+    async fn queue(
+        &self,
+        payload: Vec<u8>,
+        entry: Option<Entry>,
+        lsn: Lsn,
+        unit_end: bool,
+    ) -> Result<(), LogError> {
         let continuing = self
             .within_unit
             .swap(!unit_end, std::sync::atomic::Ordering::Relaxed);
@@ -191,7 +220,13 @@ impl LogWriter {
                 tracing::info!(log = %self.shared.dir.display(), "the log has room again");
             }
         }
-        let permits = payload.len().clamp(1, QUEUE_BYTES) as u32;
+        // A decoded entry takes two to three times its record's bytes.
+        let bytes = if entry.is_some() {
+            payload.len() * 3
+        } else {
+            payload.len()
+        };
+        let permits = bytes.clamp(1, QUEUE_BYTES) as u32;
         self.queued
             .acquire_many(permits)
             .await
@@ -200,6 +235,7 @@ impl LogWriter {
         self.commands
             .send(Command::Append {
                 payload,
+                entry,
                 lsn,
                 unit_end,
                 permits,
@@ -259,6 +295,8 @@ struct WriterThread {
     last_unit_lsn: Lsn,
     /// The end of the last record added, complete unit or not.
     tail: Head,
+    /// Records of this batch with their entries, to hand off.
+    handed: Vec<ReadRecord>,
     buffer: Vec<u8>,
     unsynced: bool,
 }
@@ -275,6 +313,7 @@ impl WriterThread {
                 match command {
                     Command::Append {
                         payload,
+                        entry,
                         lsn,
                         unit_end,
                         permits,
@@ -288,7 +327,7 @@ impl WriterThread {
                         if self.segment_full() && !self.until_room(&commands, Self::roll)? {
                             return Ok(());
                         }
-                        if let Some(h) = self.add(&payload, lsn, unit_end) {
+                        if let Some(h) = self.add(&payload, entry, lsn, unit_end) {
                             head = Some(h);
                         }
                         released += permits as usize;
@@ -368,12 +407,28 @@ impl WriterThread {
 
     /// Frames a record into the buffer. Returns the new head if the record
     /// ends a unit.
-    fn add(&mut self, payload: &[u8], lsn: Lsn, unit_end: bool) -> Option<Head> {
+    fn add(
+        &mut self,
+        payload: &[u8],
+        entry: Option<Entry>,
+        lsn: Lsn,
+        unit_end: bool,
+    ) -> Option<Head> {
         let pos = self.len;
         let before = self.buffer.len();
         frame::encode(&mut self.buffer, self.next_seq, lsn, unit_end, payload);
-        self.len += (self.buffer.len() - before) as u64;
+        let size = (self.buffer.len() - before) as u64;
+        self.len += size;
         self.index.note(self.next_seq, pos, lsn);
+        if let Some(entry) = entry {
+            self.handed.push(ReadRecord {
+                seq: self.next_seq,
+                lsn,
+                unit_end,
+                size,
+                entry,
+            });
+        }
         self.next_seq += 1;
         self.tail = Head {
             next_seq: self.next_seq,
@@ -502,6 +557,11 @@ impl WriterThread {
     fn publish(&mut self, head: Option<Head>) {
         self.update_shared();
         let tail = self.tail;
+        let head_next = head.map_or_else(|| self.shared.head.borrow().next_seq, |h| h.next_seq);
+        // Before the ends move: a reader they wake finds its records queued.
+        self.shared
+            .handoff
+            .hand_over(&mut self.handed, head_next, tail.next_seq);
         self.shared.durable.send_if_modified(|d| {
             let moved = *d != tail;
             *d = tail;

@@ -1,0 +1,256 @@
+//! The hand-off: records handed by the writer straight to readers that
+//! have caught up (the log's tail, in memory), so they take them without
+//! reading and decoding the file again.
+//!
+//! Invariants:
+//! * A record is handed off only with what it holds as the file's
+//!   decoding gives it ([`crate::Entry`]), only once it is durable, and
+//!   only if it is a whole unit by itself (a small transaction, a message):
+//!   whatever a reader takes from the hand-off it could have read from the
+//!   file, under the same rules ([`Visibility`]).
+//! * A reader subscribes only when it has read the file up to the end it
+//!   may see, and only if that end is the hand-off's (nothing was handed over
+//!   meanwhile). The writer hands records over before it publishes the
+//!   end that makes them readable, so a reader woken by the end finds them
+//!   queued.
+//! * A subscriber gets every record up to its end, in order, or is
+//!   dropped: when its end takes in a record not handed off (part of a
+//!   large transaction, a snapshot record) or when more than
+//!   [`QUEUE_BYTES`] wait for it.
+//!   A dropped reader reads on from the file at its next record.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use crate::log::Visibility;
+use crate::reader::ReadRecord;
+
+/// Record bytes (framed, as in the file) queued for one reader before it
+/// is dropped back to reading the file: enough for the jitter of a steady
+/// stream, small enough that a reader that falls behind costs little
+/// memory (decoded records take two to three times their framed size).
+pub(crate) const QUEUE_BYTES: u64 = 1 << 20;
+
+/// Records handed over and the readers taking them.
+#[derive(Debug)]
+pub(crate) struct Handoff {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// One past the last record of complete units handed over.
+    head_next: u64,
+    /// One past the last durable record handed over.
+    durable_next: u64,
+    subscribers: Vec<Subscriber>,
+    next_id: u64,
+}
+
+#[derive(Debug)]
+struct Subscriber {
+    id: u64,
+    visibility: Visibility,
+    /// The next record it is owed.
+    next: u64,
+    records: VecDeque<ReadRecord>,
+    bytes: u64,
+}
+
+impl Subscriber {
+    fn end(&self, head_next: u64, durable_next: u64) -> u64 {
+        match self.visibility {
+            Visibility::CompleteUnits => head_next,
+            Visibility::Unfinished => durable_next,
+        }
+    }
+}
+
+/// What [`Handoff::take`] found.
+pub(crate) enum Taken {
+    /// Still subscribed (records, if any, were moved out).
+    Subscribed,
+    /// Dropped: read on from the file.
+    Dropped,
+}
+
+impl Handoff {
+    /// A hand-off whose records begin at `next` (the log's end when opened).
+    pub(crate) fn new(next: u64) -> Self {
+        Handoff {
+            inner: Mutex::new(Inner {
+                head_next: next,
+                durable_next: next,
+                subscribers: Vec::new(),
+                next_id: 0,
+            }),
+        }
+    }
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves plain data behind; go on with it.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Subscribes a reader whose next record is `next`, if that is where
+    /// the hand-off's records for its visibility begin. Returns its id.
+    pub(crate) fn subscribe(&self, next: u64, visibility: Visibility) -> Option<u64> {
+        let mut inner = self.inner();
+        let end = match visibility {
+            Visibility::CompleteUnits => inner.head_next,
+            Visibility::Unfinished => inner.durable_next,
+        };
+        if end != next {
+            return None;
+        }
+        let id = inner.next_id;
+        inner.next_id += 1;
+        inner.subscribers.push(Subscriber {
+            id,
+            visibility,
+            next,
+            records: VecDeque::new(),
+            bytes: 0,
+        });
+        Some(id)
+    }
+
+    /// Ends a subscription (a reader dropped).
+    pub(crate) fn unsubscribe(&self, id: u64) {
+        let mut inner = self.inner();
+        if let Some(i) = inner.subscribers.iter().position(|s| s.id == id) {
+            inner.subscribers.swap_remove(i);
+        }
+    }
+
+    /// Moves what waits for subscriber `id` into `into` (empty).
+    pub(crate) fn take(&self, id: u64, into: &mut VecDeque<ReadRecord>) -> Taken {
+        let mut inner = self.inner();
+        match inner.subscribers.iter_mut().find(|s| s.id == id) {
+            Some(s) => {
+                std::mem::swap(&mut s.records, into);
+                s.bytes = 0;
+                Taken::Subscribed
+            }
+            None => Taken::Dropped,
+        }
+    }
+
+    /// Hands over `records` (durable, in order, each a whole unit; some of
+    /// those before the new ends may be missing) as the writer publishes
+    /// the ends `head_next` and `durable_next`.
+    pub(crate) fn hand_over(
+        &self,
+        records: &mut Vec<ReadRecord>,
+        head_next: u64,
+        durable_next: u64,
+    ) {
+        let mut inner = self.inner();
+        inner.head_next = head_next;
+        inner.durable_next = durable_next;
+        if inner.subscribers.is_empty() {
+            records.clear();
+            return;
+        }
+        let Inner { subscribers, .. } = &mut *inner;
+        let first = records.first().map_or(u64::MAX, |r| r.seq);
+        let whole = |from: u64, to: u64| {
+            from >= to
+                || (from >= first
+                    && records
+                        .get((from - first) as usize..(to - first) as usize)
+                        .is_some_and(|run| run.last().is_some_and(|r| r.seq == to - 1)))
+        };
+        subscribers.retain(|s| whole(s.next, s.end(head_next, durable_next)));
+        // Every record goes to each subscriber owed it: cloned for all but
+        // the last, which takes it.
+        let owed = |s: &Subscriber, seq: u64| s.next == seq && seq < s.end(head_next, durable_next);
+        for record in records.drain(..) {
+            let Some(last) = subscribers.iter().rposition(|s| owed(s, record.seq)) else {
+                continue;
+            };
+            for s in &mut subscribers[..last] {
+                if owed(s, record.seq) {
+                    s.push(record.clone());
+                }
+            }
+            subscribers[last].push(record);
+        }
+        subscribers.retain(|s| s.bytes <= QUEUE_BYTES);
+    }
+}
+
+impl Subscriber {
+    fn push(&mut self, record: ReadRecord) {
+        self.next = record.seq + 1;
+        self.bytes += record.size;
+        self.records.push_back(record);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use walbridge_core::Lsn;
+
+    use super::*;
+    use crate::record::Entry;
+
+    fn record(seq: u64, size: u64) -> ReadRecord {
+        ReadRecord {
+            seq,
+            lsn: Lsn(seq * 10),
+            unit_end: true,
+            size,
+            entry: Entry::SnapshotComplete {
+                consistent_point: Lsn(seq),
+            },
+        }
+    }
+
+    fn taken(handoff: &Handoff, id: u64) -> Option<Vec<u64>> {
+        let mut into = VecDeque::new();
+        match handoff.take(id, &mut into) {
+            Taken::Subscribed => Some(into.iter().map(|r| r.seq).collect()),
+            Taken::Dropped => None,
+        }
+    }
+
+    #[test]
+    fn a_subscriber_gets_every_record_up_to_its_end_or_is_dropped() {
+        let handoff = Handoff::new(5);
+        // Only a reader at the hand-off's end subscribes.
+        assert_eq!(handoff.subscribe(4, Visibility::CompleteUnits), None);
+        let complete = handoff.subscribe(5, Visibility::CompleteUnits).unwrap();
+        let unfinished = handoff.subscribe(5, Visibility::Unfinished).unwrap();
+
+        handoff.hand_over(&mut vec![record(5, 10), record(6, 10)], 7, 7);
+        assert_eq!(taken(&handoff, complete), Some(vec![5, 6]));
+        assert_eq!(taken(&handoff, unfinished), Some(vec![5, 6]));
+        assert_eq!(handoff.subscribe(6, Visibility::CompleteUnits), None);
+
+        // Durable past the head: only the reader of unfinished units is owed 7.
+        handoff.hand_over(&mut vec![record(7, 10)], 7, 8);
+        assert_eq!(taken(&handoff, complete), Some(vec![]));
+        assert_eq!(taken(&handoff, unfinished), Some(vec![7]));
+        assert_eq!(handoff.subscribe(8, Visibility::CompleteUnits), None);
+        let late = handoff.subscribe(8, Visibility::Unfinished).unwrap();
+
+        // Records 7 and 8 were not handed off: whoever is owed them is dropped.
+        handoff.hand_over(&mut vec![record(9, 10)], 10, 10);
+        assert_eq!(taken(&handoff, complete), None);
+        assert_eq!(taken(&handoff, unfinished), None);
+        assert_eq!(taken(&handoff, late), None);
+
+        // More than a queue's bytes waiting: dropped too.
+        let slow = handoff.subscribe(10, Visibility::CompleteUnits).unwrap();
+        let quick = handoff.subscribe(10, Visibility::CompleteUnits).unwrap();
+        handoff.hand_over(&mut vec![record(10, QUEUE_BYTES / 2)], 11, 11);
+        assert_eq!(taken(&handoff, quick), Some(vec![10]));
+        handoff.hand_over(&mut vec![record(11, QUEUE_BYTES / 2 + 1)], 12, 12);
+        assert_eq!(taken(&handoff, slow), None);
+        assert_eq!(taken(&handoff, quick), Some(vec![11]));
+
+        handoff.unsubscribe(quick);
+        assert_eq!(taken(&handoff, quick), None);
+    }
+}
