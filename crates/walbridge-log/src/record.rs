@@ -14,6 +14,8 @@ use walbridge_core::{
 
 use crate::pb;
 
+mod chunk;
+
 /// The record format this build writes (`Record.format`).
 pub const FORMAT: u32 = 2;
 
@@ -45,8 +47,9 @@ pub enum Entry {
 }
 
 impl Entry {
-    /// The events the record stands for, in the order the source emitted them.
-    pub fn into_events(self) -> EventBatch {
+    /// Adds the events the record stands for to `events`, in the order the
+    /// source emitted them.
+    pub fn push_events(self, events: &mut EventBatch) {
         match self {
             Entry::Transaction {
                 info,
@@ -54,7 +57,7 @@ impl Entry {
                 last,
                 changes,
             } => {
-                let mut events = Vec::with_capacity(changes.len() + 2);
+                events.reserve(changes.len() + 2);
                 if first {
                     events.push(SourceEvent::Begin(info.clone()));
                 }
@@ -62,14 +65,13 @@ impl Entry {
                 if last {
                     events.push(SourceEvent::Commit(info));
                 }
-                events
             }
-            Entry::Snapshot(batch) => vec![SourceEvent::Snapshot(batch)],
+            Entry::Snapshot(batch) => events.push(SourceEvent::Snapshot(batch)),
             Entry::SnapshotComplete { consistent_point } => {
-                vec![SourceEvent::SnapshotComplete { consistent_point }]
+                events.push(SourceEvent::SnapshotComplete { consistent_point });
             }
-            Entry::Message(m) => vec![SourceEvent::Message(m)],
-            Entry::Sequences(s) => vec![SourceEvent::Sequences(s)],
+            Entry::Message(m) => events.push(SourceEvent::Message(m)),
+            Entry::Sequences(s) => events.push(SourceEvent::Sequences(s)),
         }
     }
 }
@@ -122,17 +124,29 @@ pub struct RecordEncoder {
 /// new descriptors; old ones are not referenced again).
 const RELATION_CACHE: usize = 4096;
 
+/// Descriptors of one record looked up by a scan of their addresses, up to
+/// this many: a record's changes are mostly of a few tables, and a scan of
+/// a few is cheaper than hashing each change's (a map is built beyond).
+const RELATIONS_SCANNED: usize = 16;
+
 /// The relations of one record being built.
 struct RecordRelations<'a> {
     encoder: &'a mut RecordEncoder,
     list: Vec<Bytes>,
-    positions: HashMap<usize, u32>,
+    /// The descriptors' addresses, in `list`'s order.
+    keys: Vec<usize>,
+    /// Positions in `list` by address, once there are many.
+    positions: Option<HashMap<usize, u32>>,
 }
 
 impl RecordRelations<'_> {
     fn index(&mut self, relation: &Arc<Relation>) -> u32 {
         let key = Arc::as_ptr(relation) as usize;
-        if let Some(&i) = self.positions.get(&key) {
+        let known = match &self.positions {
+            Some(positions) => positions.get(&key).copied(),
+            None => self.keys.iter().position(|&k| k == key).map(|i| i as u32),
+        };
+        if let Some(i) = known {
             return i;
         }
         if self.encoder.relations.len() >= RELATION_CACHE
@@ -153,7 +167,16 @@ impl RecordRelations<'_> {
             .1;
         let i = self.list.len() as u32;
         self.list.push(encoded.clone());
-        self.positions.insert(key, i);
+        self.keys.push(key);
+        match &mut self.positions {
+            Some(positions) => {
+                positions.insert(key, i);
+            }
+            None if self.keys.len() > RELATIONS_SCANNED => {
+                self.positions = Some(self.keys.iter().zip(0..).map(|(&k, i)| (k, i)).collect());
+            }
+            None => {}
+        }
         i
     }
 }
@@ -163,7 +186,8 @@ impl RecordEncoder {
         RecordRelations {
             encoder: self,
             list: Vec::new(),
-            positions: HashMap::new(),
+            keys: Vec::new(),
+            positions: None,
         }
     }
 
@@ -175,19 +199,8 @@ impl RecordEncoder {
         last: bool,
         changes: &[Change],
     ) -> Vec<u8> {
-        let mut relations = self.relations();
-        let changes = changes
-            .iter()
-            .map(|c| change_to_pb(c, &mut relations))
-            .collect();
-        let list = relations.list;
-        let body = pb::record::Body::Transaction(pb::TransactionChunk {
-            info: Some(transaction_to_pb(info)),
-            first,
-            last,
-            changes,
-        });
-        finish(list, body)
+        let info = transaction_to_pb(info).encode_to_vec();
+        chunk::transaction(self.relations(), &info, first, last, changes)
     }
 
     /// Rows of the initial copy.

@@ -798,7 +798,7 @@ impl Feeder {
                     // Small records travel together: one hand-over per batch, not per transaction.
                     while let Some(record) = next.take() {
                         bytes += record.size;
-                        routed.events.extend(record.entry.into_events());
+                        record.entry.push_events(&mut routed.events);
                         routed.position = record.unit_end.then_some(LogPosition {
                             next: record.seq + 1,
                             lsn: record.lsn,

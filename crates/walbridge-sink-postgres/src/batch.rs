@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio_postgres::types::Type;
-use walbridge_core::{Datum, Oid, TransactionInfo};
+use walbridge_core::{Datum, Oid, Row, TransactionInfo};
 
 use crate::mapping::TableMap;
 use crate::statement::{ColumnSet, InsertMode, conflict_clause};
@@ -57,30 +57,47 @@ pub enum BatchKind {
     Delete,
 }
 
-/// The published columns a batch binds, one array each, in parameter order.
-pub fn bound_columns(map: &TableMap, kind: &BatchKind) -> Vec<usize> {
-    match kind {
-        BatchKind::Insert(_) => (0..map.columns.len()).collect(),
-        BatchKind::Update { set } => {
-            let written: Vec<usize> = match set {
-                None => (0..map.columns.len()).collect(),
-                Some(list) => list.iter().map(|&i| usize::from(i)).collect(),
-            };
-            written
-                .into_iter()
-                .filter(|i| !map.identity.contains(i))
-                .chain(map.identity.iter().copied())
-                .collect()
-        }
-        BatchKind::Delete => map.identity.clone(),
+/// The published columns a batch binds, one array each, in parameter order:
+/// an insert's every column; an update's written columns other than the
+/// key, then the key; a delete's key.
+pub fn bound_columns<'a>(
+    map: &'a TableMap,
+    kind: &'a BatchKind,
+) -> impl Iterator<Item = usize> + 'a {
+    let every = 0..map.columns.len();
+    let (range, listed, key): (_, &[u16], &[usize]) = match kind {
+        BatchKind::Insert(_) => (every, &[], &[]),
+        BatchKind::Update { set: None } => (every, &[], &map.identity),
+        BatchKind::Update { set: Some(list) } => (0..0, list, &map.identity),
+        BatchKind::Delete => (0..0, &[], &map.identity),
+    };
+    let skip_key = !matches!(kind, BatchKind::Insert(_));
+    range
+        .chain(listed.iter().map(|&i| usize::from(i)))
+        .filter(move |i| !skip_key || !map.identity.contains(i))
+        .chain(key.iter().copied())
+}
+
+/// The values of `row` a batch of `kind` binds, in [`bound_columns`]
+/// order, taken out of it (missing ones NULL).
+pub fn bound_values(map: &TableMap, kind: &BatchKind, mut row: Row) -> Vec<Datum> {
+    if matches!(kind, BatchKind::Insert(_)) {
+        // Every column in order: the row as it is.
+        row.resize(map.columns.len(), Datum::Null);
+        return row;
     }
+    bound_columns(map, kind)
+        .map(|i| {
+            row.get_mut(i)
+                .map_or(Datum::Null, |d| std::mem::replace(d, Datum::Null))
+        })
+        .collect()
 }
 
 /// The type of each parameter of the statement of `kind` on `map`: the
 /// column's built-in array type where it has one, else `text[]`.
 pub fn param_types(map: &TableMap, kind: &BatchKind) -> Vec<Type> {
     bound_columns(map, kind)
-        .into_iter()
         .map(|i| {
             map.columns
                 .get(i)
@@ -94,7 +111,7 @@ pub fn param_types(map: &TableMap, kind: &BatchKind) -> Vec<Type> {
 /// (see [`param_types`]), its elements cast to the column's type.
 pub fn batch_sql(map: &TableMap, kind: &BatchKind) -> String {
     let table = map.quoted();
-    let bound = bound_columns(map, kind);
+    let bound: Vec<usize> = bound_columns(map, kind).collect();
     let params: Vec<String> = bound
         .iter()
         .enumerate()
@@ -427,7 +444,7 @@ mod tests {
     fn updates_join_unnest_on_the_key_and_cast_without_modifiers() {
         let m = map(vec![0], false, true);
         let kind = BatchKind::Update { set: None };
-        assert_eq!(bound_columns(&m, &kind), [1, 2, 0]);
+        assert_eq!(bound_columns(&m, &kind).collect::<Vec<_>>(), [1, 2, 0]);
         assert_eq!(
             batch_sql(&m, &kind),
             "UPDATE \"s\".\"t\" AS x SET \"doc\" = u.p1::integer, \"n\" = u.p2::integer \

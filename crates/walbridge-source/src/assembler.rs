@@ -229,6 +229,14 @@ impl Iterator for ChangeIter {
         }
         self.memory.next().map(Ok)
     }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let in_memory = self.memory.len();
+        match self.reader {
+            Some(_) => (in_memory, None),
+            None => (in_memory, Some(in_memory)),
+        }
+    }
 }
 
 /// A transaction whose commit has arrived.

@@ -1299,7 +1299,9 @@ impl Source {
     ) -> Result<(), SourceError> {
         let name = &self.config.name;
         let mut lost = None;
-        let mut batch = Vec::with_capacity(MAX_BATCH);
+        // Room for a small transaction's events as they are (a batch's
+        // worth is large enough to take longer to allocate than to fill).
+        let mut batch = Vec::with_capacity((changes.size_hint().0 + 2).min(MAX_BATCH));
         let mut batch_bytes = 0;
         batch.push(SourceEvent::Begin(info.clone()));
         let mut passed = Vec::new();

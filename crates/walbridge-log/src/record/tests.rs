@@ -45,6 +45,22 @@ fn text(s: &str) -> Datum {
     Datum::Text(Bytes::copy_from_slice(s.as_bytes()))
 }
 
+/// A transaction record as the generated types write it.
+fn generated(info: &TransactionInfo, first: bool, last: bool, changes: &[Change]) -> Vec<u8> {
+    let mut encoder = RecordEncoder::default();
+    let mut relations = encoder.relations();
+    let body = pb::record::Body::Transaction(pb::TransactionChunk {
+        info: Some(transaction_to_pb(info)),
+        first,
+        last,
+        changes: changes
+            .iter()
+            .map(|c| change_to_pb(c, &mut relations))
+            .collect(),
+    });
+    finish(relations.list, body)
+}
+
 #[test]
 fn every_kind_of_change_round_trips() {
     let a = relation(1, "a");
@@ -128,6 +144,7 @@ fn every_kind_of_change_round_trips() {
     let mut encoder = RecordEncoder::default();
     for (first, last) in [(true, true), (true, false), (false, false), (false, true)] {
         let payload = encoder.transaction(&info, first, last, &changes);
+        assert_eq!(payload, generated(&info, first, last, &changes));
         let entry = decode(Bytes::from(payload)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             entry,
@@ -139,6 +156,44 @@ fn every_kind_of_change_round_trips() {
             }
         );
     }
+}
+
+#[test]
+fn a_record_of_many_tables_names_each_descriptor_once() {
+    // More tables than are looked up by a scan, visited twice in turn.
+    let tables: Vec<_> = (0..40).map(|i| relation(i, &format!("t{i}"))).collect();
+    // Values of every length class: empty, short, and longer than a
+    // one-byte length; the first change at LSN 0 (a field left out).
+    let changes: Vec<_> = (0..80)
+        .map(|i| Change::Insert {
+            lsn: Lsn(i * 1_000),
+            relation: tables[(i % 40) as usize].clone(),
+            new: vec![text(&i.to_string()), text(&"v".repeat((i * 7) as usize))],
+        })
+        .collect();
+    let info = TransactionInfo {
+        xid: 7,
+        commit_lsn: Lsn(90),
+        end_lsn: Lsn(98),
+        commit_time: PgTimestamp(1),
+        origin: None,
+        gid: None,
+        for_sink: None,
+    };
+    let payload = RecordEncoder::default().transaction(&info, true, true, &changes);
+    assert_eq!(payload, generated(&info, true, true, &changes));
+    let record = RecordView::decode(Bytes::from(payload.clone())).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(record.relations.len(), 40);
+    let entry = decode(Bytes::from(payload)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        entry,
+        Entry::Transaction {
+            info: Arc::new(info),
+            first: true,
+            last: true,
+            changes,
+        }
+    );
 }
 
 fn copy_text(rows: &[Row]) -> CopyText {

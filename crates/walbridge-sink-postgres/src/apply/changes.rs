@@ -11,7 +11,9 @@ use walbridge_core::{
 use walbridge_pg::{describe_pg_error, quote_literal};
 
 use super::{Applier, ChangeKind, Prepared, Purpose, failed, simple};
-use crate::batch::{Batch, BatchKind, BatchRow, batch_sql, bound_columns, param_types};
+use crate::batch::{
+    Batch, BatchKind, BatchRow, batch_sql, bound_columns, bound_values, param_types,
+};
 use crate::config::OnConflict;
 use crate::error::SinkError;
 use crate::inflight::{Failed, Outcome, Reply};
@@ -183,11 +185,11 @@ impl Applier {
                     && !map.full_identity
                     && !map.identity.is_empty()
                     && all_text(&new)
-                    && bound_columns(&map, &kind).len() > map.identity.len()
+                    && bound_columns(&map, &kind).count() > map.identity.len()
                 {
                     // Nothing observes the row in between: a later update replaces an earlier one.
                     let key = key_of(&map, &new);
-                    return self.batch(&map, kind, Some(key), &new, txn, true).await;
+                    return self.batch(&map, kind, Some(key), new, txn, true).await;
                 }
                 let (find, old) = self.find(&map, old.as_ref(), &new)?;
                 self.execute(
@@ -213,7 +215,7 @@ impl Applier {
                 {
                     let key = key_of(&map, &old.row);
                     return self
-                        .batch(&map, BatchKind::Delete, Some(key), &old.row, txn, false)
+                        .batch(&map, BatchKind::Delete, Some(key), old.row, txn, false)
                         .await;
                 }
                 let (find, old) = self.find(&map, Some(&old), &old.row)?;
@@ -265,7 +267,7 @@ impl Applier {
         if self.batchable(&map, &txn) && all_text(&new) {
             let key = (!map.full_identity && !map.identity.is_empty()).then(|| key_of(&map, &new));
             return self
-                .batch(&map, BatchKind::Insert(mode), key, &new, txn, false)
+                .batch(&map, BatchKind::Insert(mode), key, new, txn, false)
                 .await;
         }
         self.execute(&txn, &map, Shape::Insert(mode), kind, &new, None)
@@ -289,16 +291,13 @@ impl Applier {
         map: &Arc<TableMap>,
         kind: BatchKind,
         key: Option<Vec<Bytes>>,
-        row: &Row,
+        row: Row,
         txn: Arc<TransactionInfo>,
         replace: bool,
     ) -> Result<(), SinkError> {
         self.ensure_open().await?;
         self.group.changes += 1;
-        let values = bound_columns(map, &kind)
-            .into_iter()
-            .map(|i| row.get(i).cloned().unwrap_or(Datum::Null))
-            .collect();
+        let values = bound_values(map, &kind, row);
         let row = BatchRow { key, values, txn };
         if let Some(full) = self.batcher.add(map, kind, row, replace) {
             self.send_batches(full).await?;
