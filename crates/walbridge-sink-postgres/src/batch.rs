@@ -31,6 +31,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use foldhash::fast::RandomState;
 use tokio_postgres::types::Type;
 use walbridge_core::{Datum, Oid, Row, TransactionInfo};
 
@@ -184,7 +185,7 @@ pub struct Batch {
     /// Per row, the bound values in [`bound_columns`] order.
     rows: Vec<Vec<Datum>>,
     /// Row index by key, for repeated keys.
-    keys: HashMap<Vec<Bytes>, usize>,
+    keys: HashMap<Vec<Bytes>, usize, RandomState>,
     bytes: usize,
     /// The last source transaction with a row in it.
     pub last_txn: Arc<TransactionInfo>,
@@ -311,7 +312,7 @@ struct TableQueue {
 #[derive(Default)]
 pub struct Batcher {
     tables: Vec<TableQueue>,
-    by_table: HashMap<Oid, usize>,
+    by_table: HashMap<Oid, usize, RandomState>,
 }
 
 /// A row for [`Batcher::add`].
@@ -374,7 +375,7 @@ impl Batcher {
                     map: map.clone(),
                     kind,
                     rows: Vec::new(),
-                    keys: HashMap::new(),
+                    keys: HashMap::default(),
                     bytes: 0,
                     last_txn: row.txn.clone(),
                 });

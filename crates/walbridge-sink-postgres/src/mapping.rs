@@ -202,7 +202,7 @@ pub struct Mapper {
     next_id: usize,
     /// By the descriptor's address (the `Arc` in the value keeps it from
     /// being reused), then by content for descriptors decoded again.
-    by_address: HashMap<usize, (Arc<Relation>, Arc<TableMap>)>,
+    by_address: HashMap<usize, (Arc<Relation>, Arc<TableMap>), foldhash::fast::RandomState>,
     by_content: Vec<(Arc<Relation>, Arc<TableMap>)>,
 }
 
@@ -215,7 +215,7 @@ impl Mapper {
             source_column: config.source_column.clone(),
             on_conflict: config.on_conflict,
             next_id: 0,
-            by_address: HashMap::new(),
+            by_address: HashMap::default(),
             by_content: Vec::new(),
         })
     }

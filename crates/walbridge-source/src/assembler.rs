@@ -21,7 +21,7 @@
 //!   changes of the transaction belong to that subtransaction or its children.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use walbridge_core::{
@@ -78,7 +78,9 @@ pub enum AssemblyError {
 #[derive(Debug)]
 pub struct ChangeBuffer {
     spill: Option<SpillWriter>,
-    spill_path: PathBuf,
+    /// Where it spills, named only if it does (most transactions never do).
+    spill_dir: Arc<Path>,
+    spill_id: u64,
     memory: Vec<Change>,
     memory_bytes: usize,
     count: usize,
@@ -96,10 +98,11 @@ struct SubxactStart {
 }
 
 impl ChangeBuffer {
-    fn new(spill_path: PathBuf) -> Self {
+    fn new(spill_dir: Arc<Path>, spill_id: u64) -> Self {
         ChangeBuffer {
             spill: None,
-            spill_path,
+            spill_dir,
+            spill_id,
             memory: Vec::new(),
             memory_bytes: 0,
             count: 0,
@@ -131,9 +134,7 @@ impl ChangeBuffer {
         }
         let writer = match &mut self.spill {
             Some(w) => w,
-            None => self
-                .spill
-                .insert(SpillWriter::create(self.spill_path.clone())?),
+            None => self.spill.insert(SpillWriter::create(self.spill_path())?),
         };
         for (offset, change) in self.memory.drain(..).enumerate() {
             let index = self.spilled_count + offset;
@@ -200,8 +201,12 @@ impl ChangeBuffer {
 
     fn discard(self) {
         if self.spill.is_some() {
-            let _ = std::fs::remove_file(&self.spill_path);
+            let _ = std::fs::remove_file(self.spill_path());
         }
+    }
+
+    fn spill_path(&self) -> PathBuf {
+        self.spill_dir.join(format!("txn-{}.spill", self.spill_id))
     }
 }
 
@@ -283,7 +288,7 @@ pub struct AssemblerStats {
 /// The assembler. Feed it every decoded message with [`Assembler::push`].
 #[derive(Debug)]
 pub struct Assembler {
-    spill_dir: PathBuf,
+    spill_dir: Arc<Path>,
     spill_threshold: usize,
     relations: HashMap<RelationId, Arc<Relation>>,
     current: Option<OpenTransaction>,
@@ -302,7 +307,7 @@ impl Assembler {
     /// more than `spill_threshold` bytes in memory.
     pub fn new(spill_dir: PathBuf, spill_threshold: usize) -> Self {
         Assembler {
-            spill_dir,
+            spill_dir: spill_dir.into(),
             spill_threshold,
             relations: HashMap::new(),
             current: None,
@@ -334,10 +339,7 @@ impl Assembler {
 
     fn new_buffer(&mut self) -> ChangeBuffer {
         self.next_spill_id += 1;
-        ChangeBuffer::new(
-            self.spill_dir
-                .join(format!("txn-{}.spill", self.next_spill_id)),
-        )
+        ChangeBuffer::new(self.spill_dir.clone(), self.next_spill_id)
     }
 
     fn open(&mut self, xid: u32, gid: Option<String>) -> OpenTransaction {

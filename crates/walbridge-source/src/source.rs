@@ -1299,8 +1299,8 @@ impl Source {
     ) -> Result<(), SourceError> {
         let name = &self.config.name;
         let mut lost = None;
-        // Room for a small transaction's events as they are (a batch's
-        // worth is large enough to take longer to allocate than to fill).
+        // Room for the transaction's events, up to a batch: a whole batch's
+        // room (22 kB) for a transaction of a few changes cost more than them.
         let mut batch = Vec::with_capacity((changes.size_hint().0 + 2).min(MAX_BATCH));
         let mut batch_bytes = 0;
         batch.push(SourceEvent::Begin(info.clone()));
