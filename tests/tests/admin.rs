@@ -206,6 +206,29 @@ fn metrics_status_and_readiness_follow_a_sink_stopped_on_a_conflict() {
     assert_eq!(json["sources"][0]["log"]["segments"], 1, "{json:#}");
     assert_eq!(json["sources"][0]["log"]["start_lsn"], "0/0", "{json:#}");
 
+    // A sink that keeps up takes new transactions from the log's writer,
+    // in memory, not from the file: five more, now that it has everything.
+    let read = |samples: &[Sample], from: &str| {
+        let labels = [("source", "src"), ("from", from)];
+        value(samples, "walbridge_log_records_read_total", &labels)
+    };
+    let before = read(&samples, "memory").unwrap_or(f64::NAN);
+    for id in 21..=25 {
+        publisher.psql(&format!("INSERT INTO t VALUES ({id}, 'streamed')"));
+    }
+    wait_metric(&admin, "walbridge_source_transactions_total", &src, 10.0);
+    let samples = wait_metric(&admin, "walbridge_sink_lag_records", &labels, 0.0);
+    assert_eq!(
+        read(&samples, "memory").map(|n| n - before),
+        Some(5.0),
+        "{samples:#?}"
+    );
+    // The copy was read from the file.
+    assert!(
+        read(&samples, "file").is_some_and(|n| n >= 2.0),
+        "{samples:#?}"
+    );
+
     // A row the target already has: the sink stops on that transaction,
     // the pipeline is not ready, the lag shows, and `/readyz` says why.
     target.psql("INSERT INTO t VALUES (100, 'target')");
@@ -247,7 +270,7 @@ fn metrics_status_and_readiness_follow_a_sink_stopped_on_a_conflict() {
     wait_metric(&admin, "walbridge_sink_lag_records", &labels, 0.0);
     assert_eq!(
         target.psql("SELECT count(*) FROM t WHERE v <> 'target'"),
-        "16"
+        "21"
     );
 
     // `walbridge status` asks the running process…

@@ -5,6 +5,7 @@ use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -166,6 +167,10 @@ pub(crate) struct Shared {
     pub size: watch::Sender<u64>,
     /// Records handed from the writer to readers that have caught up.
     pub handoff: Handoff,
+    /// Records readers returned from the hand-off.
+    pub read_from_memory: AtomicU64,
+    /// Records readers read from the file.
+    pub read_from_file: AtomicU64,
 }
 
 impl Shared {
@@ -257,9 +262,20 @@ impl Log {
             durable: watch::Sender::new(head),
             size: watch::Sender::new(size),
             handoff: Handoff::new(head.next_seq),
+            read_from_memory: AtomicU64::new(0),
+            read_from_file: AtomicU64::new(0),
         });
         let writer = LogWriter::start(shared.clone(), active, tail.valid_end, tail.index, head)?;
         Ok((Log { shared }, writer, recovery))
+    }
+
+    /// Records its readers have returned since it was opened: `(taken
+    /// from memory, read from the file)` (see [`LogReader`]).
+    pub fn records_read(&self) -> (u64, u64) {
+        (
+            self.shared.read_from_memory.load(Ordering::Relaxed),
+            self.shared.read_from_file.load(Ordering::Relaxed),
+        )
     }
 
     /// The log's directory.

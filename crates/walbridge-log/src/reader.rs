@@ -5,6 +5,7 @@ use std::fs::File;
 use std::io::{BufReader, Read, Take};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use tokio::sync::watch;
@@ -202,6 +203,7 @@ impl LogReader {
                 seq: header.seq,
                 source,
             })?;
+        self.shared.read_from_file.fetch_add(1, Ordering::Relaxed);
         Ok(Some(ReadRecord {
             seq: header.seq,
             lsn: header.lsn,
@@ -222,6 +224,7 @@ impl LogReader {
         self.next_seq = record.seq + 1;
         self.moved_on = true;
         self.from_memory += 1;
+        self.shared.read_from_memory.fetch_add(1, Ordering::Relaxed);
         Some(record)
     }
 

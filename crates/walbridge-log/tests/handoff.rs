@@ -199,6 +199,13 @@ async fn readers_that_keep_up_take_from_memory_exactly_what_the_file_gives() {
     let (unfinished, unfinished_from_memory) = ok(unfinished.await);
     ok(appender.close().await);
 
+    assert_eq!(
+        log.records_read(),
+        (
+            complete_from_memory + unfinished_from_memory,
+            2 * complete.len() as u64 - complete_from_memory - unfinished_from_memory
+        )
+    );
     let file = from_file(&log, Visibility::CompleteUnits);
     assert_eq!(file, from_file(&log, Visibility::Unfinished));
     // 400 transactions (10 in chunks), 16 messages, 16 sequence records.

@@ -587,6 +587,10 @@ impl Observed {
             "walbridge_log_segments",
             "Segment files of the source's log on disk."
         );
+        describe_counter!(
+            "walbridge_log_records_read_total",
+            "Records of the source's log its readers (sinks' feeders, feed sessions) returned since walbridge started, by where from: memory (handed over by the writer to a reader that keeps up) or file."
+        );
         describe_gauge!(
             "walbridge_log_start_lsn",
             format!(
@@ -708,6 +712,11 @@ impl Observed {
             }
             gauge!("walbridge_log_segments", "source" => name.clone())
                 .set(status.log.segments as f64);
+            let (from_memory, from_file) = source.log.records_read();
+            counter!("walbridge_log_records_read_total", "source" => name.clone(), "from" => "memory")
+                .absolute(from_memory);
+            counter!("walbridge_log_records_read_total", "source" => name.clone(), "from" => "file")
+                .absolute(from_file);
             if let Some(start) = status.log.start_lsn {
                 gauge!("walbridge_log_start_lsn", "source" => name.clone()).set(start.0 as f64);
             }
