@@ -220,7 +220,9 @@ impl LogWriter {
                 tracing::info!(log = %self.shared.dir.display(), "the log has room again");
             }
         }
-        // A decoded entry takes two to three times its record's bytes.
+        // A decoded entry takes two to three times its record's bytes (the
+        // max_size check above counts them too: it waits a little early,
+        // never late).
         let bytes = if entry.is_some() {
             payload.len() * 3
         } else {
