@@ -39,12 +39,29 @@ pub(crate) struct Handoff {
 
 #[derive(Debug)]
 struct Inner {
-    /// One past the last record of complete units handed over.
-    head_next: u64,
-    /// One past the last durable record handed over.
-    durable_next: u64,
+    /// Where the records handed over end.
+    ends: Ends,
     subscribers: Vec<Subscriber>,
     next_id: u64,
+}
+
+/// Where readable records end, for each visibility.
+#[derive(Clone, Copy, Debug)]
+struct Ends {
+    /// One past the last record of complete units.
+    head_next: u64,
+    /// One past the last durable record.
+    durable_next: u64,
+}
+
+impl Ends {
+    /// The end a reader of `visibility` reads to.
+    fn of(self, visibility: Visibility) -> u64 {
+        match visibility {
+            Visibility::CompleteUnits => self.head_next,
+            Visibility::Unfinished => self.durable_next,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -55,15 +72,6 @@ struct Subscriber {
     next: u64,
     records: VecDeque<ReadRecord>,
     bytes: u64,
-}
-
-impl Subscriber {
-    fn end(&self, head_next: u64, durable_next: u64) -> u64 {
-        match self.visibility {
-            Visibility::CompleteUnits => head_next,
-            Visibility::Unfinished => durable_next,
-        }
-    }
 }
 
 /// What [`Handoff::take`] found.
@@ -79,8 +87,10 @@ impl Handoff {
     pub(crate) fn new(next: u64) -> Self {
         Handoff {
             inner: Mutex::new(Inner {
-                head_next: next,
-                durable_next: next,
+                ends: Ends {
+                    head_next: next,
+                    durable_next: next,
+                },
                 subscribers: Vec::new(),
                 next_id: 0,
             }),
@@ -96,11 +106,7 @@ impl Handoff {
     /// the hand-off's records for its visibility begin. Returns its id.
     pub(crate) fn subscribe(&self, next: u64, visibility: Visibility) -> Option<u64> {
         let mut inner = self.inner();
-        let end = match visibility {
-            Visibility::CompleteUnits => inner.head_next,
-            Visibility::Unfinished => inner.durable_next,
-        };
-        if end != next {
+        if inner.ends.of(visibility) != next {
             return None;
         }
         let id = inner.next_id;
@@ -146,8 +152,11 @@ impl Handoff {
         durable_next: u64,
     ) {
         let mut inner = self.inner();
-        inner.head_next = head_next;
-        inner.durable_next = durable_next;
+        let ends = Ends {
+            head_next,
+            durable_next,
+        };
+        inner.ends = ends;
         if inner.subscribers.is_empty() {
             records.clear();
             return;
@@ -161,10 +170,10 @@ impl Handoff {
                         .get((from - first) as usize..(to - first) as usize)
                         .is_some_and(|run| run.last().is_some_and(|r| r.seq == to - 1)))
         };
-        subscribers.retain(|s| whole(s.next, s.end(head_next, durable_next)));
+        subscribers.retain(|s| whole(s.next, ends.of(s.visibility)));
         // Every record goes to each subscriber owed it: cloned for all but
         // the last, which takes it.
-        let owed = |s: &Subscriber, seq: u64| s.next == seq && seq < s.end(head_next, durable_next);
+        let owed = |s: &Subscriber, seq: u64| s.next == seq && seq < ends.of(s.visibility);
         for record in records.drain(..) {
             let Some(last) = subscribers.iter().rposition(|s| owed(s, record.seq)) else {
                 continue;
