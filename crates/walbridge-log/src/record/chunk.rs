@@ -98,34 +98,38 @@ fn row_len(row: &Row) -> usize {
     row.iter().map(|d| delimited_len(1, datum_len(d))).sum()
 }
 
-fn put_row(tag: u32, row: &Row, out: &mut Vec<u8>) {
-    delimited(tag, row_len(row), out);
+/// Writes `row` as field `tag`; `len` is its [`row_len`].
+fn put_row(tag: u32, row: &Row, len: usize, out: &mut Vec<u8>) {
+    delimited(tag, len, out);
     for datum in row {
         delimited(1, datum_len(datum), out);
         put_datum(datum, out);
     }
 }
 
-/// `OldRow`: `bool full = 1; Row row = 2`.
-fn old_len(old: &OldRow) -> usize {
-    uint_len(1, u64::from(old.kind == OldRowKind::Full)) + delimited_len(2, row_len(&old.row))
+/// `OldRow`: `bool full = 1; Row row = 2`, its row `row_len` long.
+fn old_len(old: &OldRow, row_len: usize) -> usize {
+    uint_len(1, u64::from(old.kind == OldRowKind::Full)) + delimited_len(2, row_len)
 }
 
-fn put_old(tag: u32, old: &OldRow, out: &mut Vec<u8>) {
-    delimited(tag, old_len(old), out);
+fn put_old(tag: u32, old: &OldRow, row_len: usize, out: &mut Vec<u8>) {
+    delimited(tag, old_len(old, row_len), out);
     uint(1, u64::from(old.kind == OldRowKind::Full), out);
-    put_row(2, &old.row, out);
+    put_row(2, &old.row, row_len, out);
 }
 
 /// A change ready to be written as a `Change` message.
 enum Prepared<'a> {
-    /// A row change, written here: its relation's index in the record and
-    /// its kind's (`Insert`, `Update`, `Delete`) field and length.
+    /// A row change, written here: its relation's index in the record,
+    /// its kind's (`Insert`, `Update`, `Delete`) field and length, and the
+    /// lengths of its new and old rows (each measured once).
     Row {
         change: &'a Change,
         relation: u32,
         tag: u32,
         kind_len: usize,
+        new_row_len: usize,
+        old_row_len: usize,
     },
     /// Another kind, encoded through the generated type.
     Encoded(Vec<u8>),
@@ -145,23 +149,19 @@ impl<'a> Prepared<'a> {
             }
         };
         let relation = relations.index(relation);
+        let (new, old) = rows(change);
+        let new_row_len = new.map_or(0, |(_, row)| row_len(row));
+        let old_row_len = old.map_or(0, |o| row_len(&o.row));
         let kind_len = uint_len(1, u64::from(relation))
-            + match change {
-                Change::Insert { new, .. } | Change::Read { new, .. } => {
-                    delimited_len(2, row_len(new))
-                }
-                Change::Update { old, new, .. } => {
-                    old.as_ref().map_or(0, |o| delimited_len(2, old_len(o)))
-                        + delimited_len(3, row_len(new))
-                }
-                Change::Delete { old, .. } => delimited_len(2, old_len(old)),
-                Change::Truncate(_) | Change::Message(_) | Change::ReadRange(_) => 0,
-            };
+            + old.map_or(0, |o| delimited_len(2, old_len(o, old_row_len)))
+            + new.map_or(0, |(field, _)| delimited_len(field, new_row_len));
         Prepared::Row {
             change,
             relation,
             tag,
             kind_len,
+            new_row_len,
+            old_row_len,
         }
     }
 
@@ -179,29 +179,40 @@ impl<'a> Prepared<'a> {
     }
 
     fn put(&self, out: &mut Vec<u8>) {
-        let (change, relation, tag, kind_len) = match self {
-            Prepared::Encoded(bytes) => return out.extend_from_slice(bytes),
+        match self {
+            Prepared::Encoded(bytes) => out.extend_from_slice(bytes),
             Prepared::Row {
                 change,
                 relation,
                 tag,
                 kind_len,
-            } => (change, *relation, *tag, *kind_len),
-        };
-        uint(1, change.lsn().0, out);
-        delimited(tag, kind_len, out);
-        uint(1, u64::from(relation), out);
-        match change {
-            Change::Insert { new, .. } | Change::Read { new, .. } => put_row(2, new, out),
-            Change::Update { old, new, .. } => {
+                new_row_len,
+                old_row_len,
+            } => {
+                uint(1, change.lsn().0, out);
+                delimited(*tag, *kind_len, out);
+                uint(1, u64::from(*relation), out);
+                // Fields in number order, as the generated types write them.
+                let (new, old) = rows(change);
                 if let Some(old) = old {
-                    put_old(2, old, out);
+                    put_old(2, old, *old_row_len, out);
                 }
-                put_row(3, new, out);
+                if let Some((field, new)) = new {
+                    put_row(field, new, *new_row_len, out);
+                }
             }
-            Change::Delete { old, .. } => put_old(2, old, out),
-            Change::Truncate(_) | Change::Message(_) | Change::ReadRange(_) => {}
         }
+    }
+}
+
+/// A row change's new row, with its field number in the kind's message
+/// (`Insert.new = 2`, `Update.new = 3`), and its old row (field 2).
+fn rows(change: &Change) -> (Option<(u32, &Row)>, Option<&OldRow>) {
+    match change {
+        Change::Insert { new, .. } | Change::Read { new, .. } => (Some((2, new)), None),
+        Change::Update { old, new, .. } => (Some((3, new)), old.as_ref()),
+        Change::Delete { old, .. } => (None, Some(old)),
+        Change::Truncate(_) | Change::Message(_) | Change::ReadRange(_) => (None, None),
     }
 }
 
