@@ -442,6 +442,30 @@ mod tests {
     }
 
     #[test]
+    fn bound_values_are_taken_from_the_row_in_bound_order() {
+        let m = map(vec![0], false, true);
+        let row = || vec![text("k"), text("a"), text("b")];
+        // An insert binds the row as it is; a short one is padded with NULL.
+        let insert = BatchKind::Insert(InsertMode::Plain);
+        assert_eq!(bound_values(&m, &insert, row()), row());
+        assert_eq!(
+            bound_values(&m, &insert, vec![text("k")]),
+            [text("k"), Datum::Null, Datum::Null]
+        );
+        // An update: the written columns other than the key, then the key.
+        let update = BatchKind::Update { set: None };
+        assert_eq!(
+            bound_values(&m, &update, row()),
+            [text("a"), text("b"), text("k")]
+        );
+        let update = BatchKind::Update {
+            set: Some(vec![2, 0].into()),
+        };
+        assert_eq!(bound_values(&m, &update, row()), [text("b"), text("k")]);
+        assert_eq!(bound_values(&m, &BatchKind::Delete, row()), [text("k")]);
+    }
+
+    #[test]
     fn updates_join_unnest_on_the_key_and_cast_without_modifiers() {
         let m = map(vec![0], false, true);
         let kind = BatchKind::Update { set: None };
