@@ -9,7 +9,11 @@ use serde_json::Value;
 
 use crate::Cluster;
 
-/// The walbridge binary, built once per test process.
+/// The walbridge binary, built once per test process. Built for the
+/// whole workspace (its only binary), so that features resolve as in the
+/// build of the tests and nothing is compiled a second time: `-p walbridge`
+/// resolved them for that package alone and built a second copy of its
+/// dependencies.
 pub fn binary() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
@@ -19,17 +23,15 @@ pub fn binary() -> PathBuf {
             .args([
                 "build",
                 "--quiet",
-                "-p",
-                "walbridge",
-                "--bin",
-                "walbridge",
+                "--workspace",
+                "--bins",
                 "--manifest-path",
             ])
             .arg(&manifest)
             .env("CARGO_TARGET_DIR", crate::target_dir())
             .status()
             .unwrap_or_else(|e| panic!("cannot run cargo build: {e}"));
-        assert!(status.success(), "cargo build -p walbridge failed");
+        assert!(status.success(), "cargo build --workspace --bins failed");
         crate::target_dir().join("debug/walbridge")
     })
     .clone()
