@@ -13,13 +13,15 @@ use crate::Cluster;
 /// whole workspace (its only binary), so that features resolve as in the
 /// build of the tests and nothing is compiled a second time: `-p walbridge`
 /// resolved them for that package alone and built a second copy of its
-/// dependencies.
+/// dependencies. Cargo runs it without the variables it set for this test
+/// (see [`set_for_a_crate`]).
 pub fn binary() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-        let status = Command::new(cargo)
+        let mut command = Command::new(cargo);
+        command
             .args([
                 "build",
                 "--quiet",
@@ -28,13 +30,39 @@ pub fn binary() -> PathBuf {
                 "--manifest-path",
             ])
             .arg(&manifest)
-            .env("CARGO_TARGET_DIR", crate::target_dir())
+            .env("CARGO_TARGET_DIR", crate::target_dir());
+        for (name, _) in std::env::vars_os() {
+            if name.to_str().is_some_and(set_for_a_crate) {
+                command.env_remove(name);
+            }
+        }
+        let status = command
             .status()
             .unwrap_or_else(|e| panic!("cannot run cargo build: {e}"));
         assert!(status.success(), "cargo build --workspace --bins failed");
         crate::target_dir().join("debug/walbridge")
     })
     .clone()
+}
+
+/// Whether `name` is one of the variables cargo sets for the crate it
+/// builds or runs (here, the tests). A build script may watch one of them
+/// (ring's watches `CARGO_MANIFEST_DIR`): a build run with them would then
+/// differ from the build that made the tests, and each would build that
+/// crate and everything above it again for the other.
+fn set_for_a_crate(name: &str) -> bool {
+    matches!(
+        name,
+        "CARGO_MANIFEST_DIR"
+            | "CARGO_MANIFEST_PATH"
+            | "CARGO_MANIFEST_LINKS"
+            | "CARGO_CRATE_NAME"
+            | "CARGO_BIN_NAME"
+            | "CARGO_PRIMARY_PACKAGE"
+            | "CARGO_TARGET_TMPDIR"
+            | "CARGO_RUSTC_CURRENT_DIR"
+    ) || name.starts_with("CARGO_PKG_")
+        || name.starts_with("CARGO_BIN_EXE_")
 }
 
 /// A working directory for one walbridge deployment: its configuration,
