@@ -26,6 +26,9 @@
 # a reader per kind run by that build, right after the one it is compared
 # with in every round: on a machine whose noise moves the p99 between runs
 # more than a change does, only readers of the same run compare.
+# BASELINE_DATA_DIR puts those readers' data_dir (their log) under another
+# directory: with BASELINE_BIN the same build and BASELINE_DATA_DIR=/dev/shm,
+# the pair shows what the log's fsync costs at each stage.
 #
 #   scripts/bench-latency.sh
 #   RATES=1000 ROUNDS=3 DURATION=10 KINDS=postgres scripts/bench-latency.sh
@@ -39,6 +42,11 @@ kinds=${KINDS:-"postgres jsonl feed"}
 # Readers run by walbridge: a kind, or a kind followed by -base (run by BASELINE_BIN).
 readers=$(for kind in $kinds; do echo "$kind"; [ -n "${BASELINE_BIN:-}" ] && echo "$kind-base"; done)
 clients=4
+baseline_data=
+if [ -n "${BASELINE_DATA_DIR:-}" ]; then
+  baseline_data=$(mktemp -d "$BASELINE_DATA_DIR/walbridge-bench.XXXXXX")
+  trap 'rm -rf "$baseline_data"; bench_cleanup' EXIT
+fi
 
 build_walbridge
 if [[ " $kinds " == *" feed "* ]]; then
@@ -72,8 +80,12 @@ done
 # walbridge as reader $1 (a kind, or a kind-base run by BASELINE_BIN);
 # sets wb_pid (and feed for a feed).
 start_walbridge() {
-  local kind=${1%-base} dir="$work/wb-$1" sink binary=$bin
-  [ "$1" != "$kind" ] && binary=$BASELINE_BIN
+  local kind=${1%-base} dir="$work/wb-$1" sink binary=$bin data
+  data="$dir/data"
+  if [ "$1" != "$kind" ]; then
+    binary=$BASELINE_BIN
+    [ -n "$baseline_data" ] && data="$baseline_data/wb-$1"
+  fi
   mkdir -p "$dir"
   case $kind in
     postgres) sink="type = \"postgres\"
@@ -87,7 +99,7 @@ listen = \"127.0.0.1:$feed_port\"" ;;
   esac
   admin="127.0.0.1:$(free_port)"
   cat > "$dir/config.toml" <<CONF
-data_dir = "$dir/data"
+data_dir = "$data"
 [admin]
 listen = "$admin"
 [[source]]
@@ -169,30 +181,39 @@ print(len(d), *(f"{at(p):.3f}" for p in (50, 95, 99, 100)))'
 # Delays (ms) of rows lo < id <= hi in subscriber database $1, one per line.
 sub_delays() { sub "$1" -c "SELECT extract(epoch FROM seen - created) * 1000 FROM lat WHERE id > $2 AND id <= $3"; }
 
-# walbridge's transaction delays so far: "stage sum count" per stage
-# (walbridge_transaction_delay_seconds, see crates/walbridge-sink/src/delay.rs).
+# walbridge's transaction delays so far: "stage sum count within" per
+# stage, `within` counting those that reached it within TAIL_BUCKET
+# seconds (walbridge_transaction_delay_seconds, see
+# crates/walbridge-sink/src/delay.rs; one of its buckets).
+TAIL_BUCKET=0.002
 delays_now() {
-  python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' "http://$admin/metrics" | awk '
-    /^walbridge_transaction_delay_seconds_(sum|count)\{/ {
+  python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' "http://$admin/metrics" | awk -v le="le=\"$TAIL_BUCKET\"" '
+    /^walbridge_transaction_delay_seconds_(sum|count|bucket)\{/ {
       match($0, /stage="[a-z]+"/); stage = substr($0, RSTART + 7, RLENGTH - 8)
-      kind = ($1 ~ /_sum\{/) ? "sum" : "count"
+      if ($1 ~ /_sum\{/) kind = "sum"
+      else if ($1 ~ /_count\{/) kind = "count"
+      else if (index($1, le)) kind = "within"
+      else next
       v[stage, kind] = $2; stages[stage] = 1
     }
-    END { for (s in stages) printf "%s %s %s\n", s, v[s, "sum"], v[s, "count"] }'
+    END { for (s in stages) printf "%s %s %s %s\n", s, v[s, "sum"], v[s, "count"], v[s, "within"] }'
 }
-# The mean delay (ms) at each stage between two delays_now readings, in
-# the order a transaction passes them: "received/read/delivered/applied".
-stage_means() {
+# Between two delays_now readings, in the order a transaction passes the
+# stages, "received/read/delivered/applied": the mean delay (ms) at each,
+# then (after a space) the share (%) of transactions later than
+# TAIL_BUCKET there — where a tail begins, which means cannot show.
+stage_delays() {
   python3 -c '
 import sys
 def parse(text):
-    return {f[0]: (float(f[1]), float(f[2])) for f in (l.split() for l in text.splitlines()) if len(f) == 3}
+    return {f[0]: tuple(float(x) for x in f[1:]) for f in (l.split() for l in text.splitlines()) if len(f) == 4}
 a, b = parse(sys.argv[1]), parse(sys.argv[2])
-means = []
+means, late = [], []
 for stage in ("received", "read", "delivered", "applied"):
-    (s0, c0), (s1, c1) = a.get(stage, (0, 0)), b.get(stage, (0, 0))
+    (s0, c0, w0), (s1, c1, w1) = a.get(stage, (0, 0, 0)), b.get(stage, (0, 0, 0))
     means.append(f"{1000 * (s1 - s0) / (c1 - c0):.3f}" if c1 > c0 else "-")
-print("/".join(means))' "$1" "$2"
+    late.append(f"{100 * (1 - (w1 - w0) / (c1 - c0)):.2f}" if c1 > c0 else "-")
+print("/".join(means), "/".join(late))' "$1" "$2"
 }
 
 # CPU seconds of walbridge ($1, or - for none), the publisher and the
@@ -222,7 +243,7 @@ for rate in $rates; do
     has_row native "$hi"
     cpu=$(cpu_used "$before" "$(cpu_now -)")
     sub_delays native "$lo" "$hi" > "$work/delays"
-    echo "native $rate $round $tps $cpu $(percentiles < "$work/delays") -" | tee -a "$results"
+    echo "native $rate $round $tps $cpu $(percentiles < "$work/delays") - -" | tee -a "$results"
     sub native -c "ALTER SUBSCRIPTION native_sub DISABLE" >/dev/null
     until [ "$(psql_db bench -c "SELECT count(*) FROM pg_stat_replication")" = 0 ]; do sleep 0.02; done
 
@@ -248,7 +269,7 @@ for rate in $rates; do
         feed) wait "$consumer_pid" ;;
       esac
       cpu=$(cpu_used "$before" "$(cpu_now "$wb_pid")")
-      stages=$(stage_means "$stages_before" "$(delays_now)")
+      stages=$(stage_delays "$stages_before" "$(delays_now)")
       case $kind in
         postgres) summary=$(sub_delays "$(target_db "$reader")" "$lo" "$hi" | percentiles) ;;
         jsonl) summary=$(awk -v lo="$lo" -v hi="$hi" '$1 > lo && $1 <= hi { print $2 }' "$work/wb-$reader/delays" | percentiles) ;;
@@ -261,11 +282,12 @@ for rate in $rates; do
 done
 
 # Columns: reader rate round tps walbridge-cpu publisher-cpu subscriber-cpu
-# count p50 p95 p99 max stage-means.
-python3 - "$results" "$duration" <<'PY'
+# count p50 p95 p99 max stage-means stage-late-shares.
+python3 - "$results" "$duration" "$TAIL_BUCKET" <<'PY'
 import statistics, sys
 rows = [line.split() for line in open(sys.argv[1])]
 duration = float(sys.argv[2])
+tail_ms = 1000 * float(sys.argv[3])
 names = {"native": "native subscription", "postgres": "walbridge postgres sink",
          "jsonl": "walbridge jsonl sink", "feed": "walbridge gRPC feed"}
 names.update({f"{k}-base": f"{v} (BASELINE_BIN)" for k, v in names.items()})
@@ -285,18 +307,18 @@ for rate in dict.fromkeys(r[1] for r in rows):
               f"| {med(8):.2f} ms | {med(9):.2f} ms | {med(10):.2f} ms ({min(p99):.2f}-{max(p99):.2f}) | {med(11):.1f} ms "
               f"| {share(4)} / {share(5)} / {share(6)} of a core |")
         if kind != "native":
-            stages.append((rate, names[kind], [r[12].split("/") for r in mine]))
+            stages.append((rate, names[kind], [r[12].split("/") for r in mine], [r[13].split("/") for r in mine]))
 
 # Each stage's share of the mean delay: the mean time from the commit on
 # the publisher to each stage, median over the rounds, and the differences.
 print()
 print("| rate | reader | mean delay | publisher → received | → read (log fsync) | → delivered (sink queue) | → applied (sink) |")
 print("|---|---|---|---|---|---|---|")
-for rate, name, rounds in stages:
-    def mean(i):
-        values = [float(r[i]) for r in rounds if r[i] != "-"]
-        return statistics.median(values) if values else None
-    points = [mean(i) for i in range(4)]
+def median_at(rounds, i):
+    values = [float(r[i]) for r in rounds if r[i] != "-"]
+    return statistics.median(values) if values else None
+for rate, name, rounds, _ in stages:
+    points = [median_at(rounds, i) for i in range(4)]
     cells, last = [], 0.0
     for point in points:
         if point is None:
@@ -305,4 +327,18 @@ for rate, name, rounds in stages:
         cells.append(f"{point - last:.2f} ms")
         last = point
     print(f"| {float(rate):,.0f}/s | {name} | {last:.2f} ms | " + " | ".join(cells) + " |")
+
+# Where the tail begins: the share of transactions later than the tail
+# bucket at each stage (median over the rounds, lowest-highest round). A
+# stage that raises it adds to the p99; one that leaves it adds only to
+# the mean.
+print()
+print(f"| rate | reader | later than {tail_ms:g} ms at: received | read | delivered | applied |")
+print("|---|---|---|---|---|---|")
+for rate, name, _, late in stages:
+    cells = []
+    for i in range(4):
+        values = [float(r[i]) for r in late if r[i] != "-"]
+        cells.append(f"{statistics.median(values):.1f}% ({min(values):.1f}-{max(values):.1f})" if values else "-")
+    print(f"| {float(rate):,.0f}/s | {name} | " + " | ".join(cells) + " |")
 PY
