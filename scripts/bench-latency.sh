@@ -40,7 +40,7 @@ rounds=${ROUNDS:-5}
 duration=${DURATION:-20}
 kinds=${KINDS:-"postgres jsonl feed"}
 # Readers run by walbridge: a kind, or a kind followed by -base (run by BASELINE_BIN).
-readers=$(for kind in $kinds; do echo "$kind"; [ -n "${BASELINE_BIN:-}" ] && echo "$kind-base"; done)
+readers=$(for kind in $kinds; do echo "$kind"; [ -z "${BASELINE_BIN:-}" ] || echo "$kind-base"; done)
 clients=4
 baseline_data=
 if [ -n "${BASELINE_DATA_DIR:-}" ]; then
@@ -84,7 +84,7 @@ start_walbridge() {
   data="$dir/data"
   if [ "$1" != "$kind" ]; then
     binary=$BASELINE_BIN
-    [ -n "$baseline_data" ] && data="$baseline_data/wb-$1"
+    if [ -n "$baseline_data" ]; then data="$baseline_data/wb-$1"; fi
   fi
   mkdir -p "$dir"
   case $kind in
