@@ -314,8 +314,11 @@ for rate in dict.fromkeys(r[1] for r in rows):
 print()
 print("| rate | reader | mean delay | publisher → received | → read (log fsync) | → delivered (sink queue) | → applied (sink) |")
 print("|---|---|---|---|---|---|---|")
+def values_at(rounds, i):
+    """Column i of each round, where it has one."""
+    return [float(r[i]) for r in rounds if r[i] != "-"]
 def median_at(rounds, i):
-    values = [float(r[i]) for r in rounds if r[i] != "-"]
+    values = values_at(rounds, i)
     return statistics.median(values) if values else None
 for rate, name, rounds, _ in stages:
     points = [median_at(rounds, i) for i in range(4)]
@@ -338,7 +341,7 @@ print("|---|---|---|---|---|---|")
 for rate, name, _, late in stages:
     cells = []
     for i in range(4):
-        values = [float(r[i]) for r in late if r[i] != "-"]
+        values = values_at(late, i)
         cells.append(f"{statistics.median(values):.1f}% ({min(values):.1f}-{max(values):.1f})" if values else "-")
     print(f"| {float(rate):,.0f}/s | {name} | " + " | ".join(cells) + " |")
 PY
