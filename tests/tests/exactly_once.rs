@@ -37,9 +37,12 @@ fn every_transaction_reaches_the_sink_exactly_once_across_repeated_kills() {
     pg.psql("CREATE PUBLICATION pub FOR TABLE t, g, big");
     let wb = Deployment::new();
     wb.configure(&pg, "postgres", "pub", "status_interval = 1");
-    // Segments written into zeros made ahead: the kills tear writes inside them.
+    // Segments written into zeros made ahead (1 MiB segments get a spare
+    // after 125 ms of writing): the kills tear writes inside them.
     let config = std::fs::read_to_string(wb.config_path()).unwrap_or_default();
-    wb.write_config(&format!("{config}\n[log]\npreallocate = true\n"));
+    wb.write_config(&format!(
+        "{config}\n[log]\npreallocate = true\nsegment_size = \"1MiB\"\n"
+    ));
     let seed = crash_seed();
     let mut rng = Rng::new(seed);
     let running = wb.start();

@@ -62,9 +62,8 @@ pub struct LogOptions {
     /// What happens at `max_size`.
     pub when_full: WhenFull,
     /// Write segments into files zero-filled ahead (see `crate::spare`),
-    /// when they are at least 1 MiB. Off by default: it makes each commit
-    /// of a steady stream cheaper, and a bulk load (the initial copy)
-    /// dearer, by the zeros it writes.
+    /// when they are at least 1 MiB and written slower than a bulk load
+    /// writes them: it makes each commit of a steady stream cheaper.
     pub preallocate: bool,
 }
 
@@ -207,17 +206,9 @@ impl Log {
         let mut recovery = Recovery::default();
         let mut segments = BTreeMap::new();
         if bases.is_empty() {
-            let path = segment_path(dir, 0);
-            let header = segment::header(Lsn::ZERO, true);
-            let preallocated = options.preallocates()
-                && crate::spare::create_preallocated(dir, &path, options.segment_size, &header)
-                    .inspect_err(|e| crate::spare::not_preallocated(dir, "first", e))
-                    .is_ok();
-            if preallocated {
-                sync_dir(dir)?;
-            } else {
-                create_segment(dir, 0, Lsn::ZERO)?;
-            }
+            // Grown as it is written: a new log is usually followed by the
+            // initial copy, a bulk load (see crate::spare).
+            create_segment(dir, 0, Lsn::ZERO)?;
             bases.push(0);
         }
         let (tail, last_lsn) = recover_tail(dir, &mut bases, &options, &mut recovery)?;

@@ -10,16 +10,24 @@
 //! stalls when the CPUs are busy). PostgreSQL's WAL segments are
 //! zero-filled for the same reason.
 //!
-//! So while the writer fills one segment, this thread writes the next one
-//! full of zeros and fsyncs it (as `<pid>-<n>.zeroing`, then renamed
-//! `<pid>-<n>.spare` when ready: names no segment has); at a roll the
+//! The zeros are written once more per segment, which is worth it only
+//! where each commit is small: a steady stream, not a bulk load (the
+//! initial copy, a catch-up), whose commits are large and whose time goes
+//! to writing. So a spare is asked for only once the segment being
+//! written has been written to for longer than it takes to fill at
+//! [`SPARE_RATE`] ([`Spares::due_after`]): a stream slower than that gets
+//! one well before its segment is full, a bulk load fills its segments
+//! first and writes no zeros. The writer then moves into the spare at the
+//! next roll, or at once when the segment it is writing grows as it is
+//! written (a new log's first segment, one begun while no spare was
+//! ready): a steady stream writes into zeros from [`Spares::due_after`]
+//! after its first record on.
+//!
+//! The spare is written as `<pid>-<n>.zeroing`, fsynced and renamed
+//! `<pid>-<n>.spare` when ready (names no segment has); at a roll the
 //! writer writes the segment header into it (of layout version 2: zeros
 //! after its records are room, not damage — and a walbridge older than
-//! this refuses it by its version), syncs, and renames it into place. A
-//! new log's first segment is made so when the log is created. A segment
-//! started while no spare was ready (a roll sooner than the spare could be
-//! made, or a log written by a walbridge older than this) is written by
-//! growing it, as before.
+//! this refuses it by its version), syncs, and renames it into place.
 //!
 //! Invariants: a segment file in the log directory never has a segment
 //! name without its header (the header is written and synced before the
@@ -28,7 +36,8 @@
 //! records is zeros — or a write a crash cut short, which recovery treats
 //! as any torn tail and overwrites with zeros, keeping the room. A spare
 //! left ready when the log closed is taken by the next run; one that was
-//! being made is removed when the log is opened. Segments smaller than [`PREALLOCATE_MIN`] are not preallocated.
+//! being made is removed when the log is opened. Segments smaller than
+//! [`PREALLOCATE_MIN`] are not preallocated.
 
 use std::fs::File;
 use std::io::Write;
@@ -42,6 +51,12 @@ use crate::error::LogError;
 /// Segments at least this large are preallocated; smaller ones are not
 /// worth a thread.
 pub const PREALLOCATE_MIN: u64 = 1 << 20;
+
+/// A segment written to for longer than it takes to fill at this many
+/// bytes a second gets a spare: ten times slower than the initial copy
+/// writes the log on this project's machines (about 90 MB/s), and seven
+/// times faster than a steady 3,000 transactions/s (about 1.1 MB/s).
+pub const SPARE_RATE: u64 = 8 << 20;
 
 /// Zeros are written this much at a time (and the thread can stop between two).
 const CHUNK: usize = 1 << 20;
@@ -111,9 +126,13 @@ impl Spares {
         })
     }
 
-    /// Has a spare made unless one is ready or under way. The writer asks
-    /// at its first append: a log nothing is written to (a source that
-    /// stays idle, a command that only reads) costs no disk.
+    /// How long a segment of `size` bytes is written to before a spare is
+    /// asked for: the time it takes to fill at [`SPARE_RATE`].
+    pub fn due_after(size: u64) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(size as f64 / SPARE_RATE as f64)
+    }
+
+    /// Has a spare made unless one is ready or under way.
     pub fn request(&self) {
         let mut state = self.shared.state();
         if state.ready.is_none() && !state.making {
@@ -122,16 +141,14 @@ impl Spares {
         }
     }
 
-    /// The ready spare, if there is one; the next is made at once (unless
-    /// it is under way).
+    /// Whether a spare is ready to be taken.
+    pub fn is_ready(&self) -> bool {
+        self.shared.state().ready.is_some()
+    }
+
+    /// The ready spare, if there is one (the next is made when requested).
     pub fn take(&self) -> Option<Ready> {
-        let mut state = self.shared.state();
-        let ready = state.ready.take();
-        if !state.making {
-            state.wanted = true;
-            self.shared.changed.notify_all();
-        }
-        ready
+        self.shared.state().ready.take()
     }
 }
 
@@ -183,28 +200,6 @@ fn files_ending(dir: &Path, suffix: &str) -> Result<Vec<PathBuf>, LogError> {
     Ok(found)
 }
 
-/// Creates segment `path` of `size` bytes, zero-filled, with `header`,
-/// everything synced before it takes its name (the caller syncs the
-/// directory): the first segment of a new log.
-pub(crate) fn create_preallocated(
-    dir: &Path,
-    path: &Path,
-    size: u64,
-    header: &[u8],
-) -> std::io::Result<File> {
-    let making = dir.join(format!("{}-first{MAKING_SUFFIX}", std::process::id()));
-    let _ = std::fs::remove_file(&making);
-    let made = zeros(&making, size, || false).and_then(|file| {
-        let file = file.ok_or_else(|| std::io::Error::other("stopped"))?;
-        become_segment(&file, &making, path, header)?;
-        Ok(file)
-    });
-    if made.is_err() {
-        let _ = std::fs::remove_file(&making);
-    }
-    made
-}
-
 /// Makes zero-filled `file` (at `from`) the segment `to`: its header
 /// written and synced before it takes the segment's name (the caller
 /// syncs the directory).
@@ -219,12 +214,12 @@ pub(crate) fn become_segment(
     std::fs::rename(from, to)
 }
 
-/// Says that the log in `dir` writes its `which` segment without zeros
-/// made ahead, and why: not a failure of the log.
-pub(crate) fn not_preallocated(dir: &Path, which: &str, e: &std::io::Error) {
+/// Says that the log in `dir` writes its next segment without zeros made
+/// ahead, and why: not a failure of the log.
+fn not_preallocated(dir: &Path, e: &std::io::Error) {
     tracing::warn!(
         log = %dir.display(),
-        "cannot preallocate the log's {which} segment ({e}); it is written without, which makes each commit of the log slower"
+        "cannot preallocate the log's next segment ({e}); it is written without, which makes each commit of the log slower"
     );
 }
 
@@ -294,21 +289,15 @@ fn make_spares(shared: &Shared, dir: &Path, size: u64) {
                 drop(state);
                 // Not a failure of the log: segments grow as they are written.
                 let _ = std::fs::remove_file(&path);
-                not_preallocated(dir, "next", &e);
+                not_preallocated(dir, &e);
             }
         }
     }
 }
 
 /// Writes `size` zeros to a new file at `path` and syncs it; `None` when
-/// the log closed meanwhile.
+/// the log closed meanwhile (checked between two chunks).
 fn zero_fill(shared: &Shared, path: &Path, size: u64) -> std::io::Result<Option<File>> {
-    zeros(path, size, || shared.state().closed)
-}
-
-/// Writes `size` zeros to a new file at `path` and syncs it; `None` when
-/// `stop` says so between two chunks.
-fn zeros(path: &Path, size: u64, stop: impl Fn() -> bool) -> std::io::Result<Option<File>> {
     let mut file = File::options()
         .create_new(true)
         .read(true)
@@ -317,7 +306,7 @@ fn zeros(path: &Path, size: u64, stop: impl Fn() -> bool) -> std::io::Result<Opt
     let zeros = vec![0u8; CHUNK];
     let mut left = size;
     while left > 0 {
-        if stop() {
+        if shared.state().closed {
             return Ok(None);
         }
         let n = left.min(CHUNK as u64) as usize;

@@ -4,8 +4,8 @@
 //! the writer thread then takes everything queued (up to [`WRITE_BATCH`]
 //! bytes), writes it with one `write` and makes it durable with one
 //! `fdatasync`. Readers and the source see records only once they are
-//! durable and their unit (transaction) is complete. Segments are written
-//! into zeros made ahead ([`crate::spare`]) when there are some, so that
+//! durable and their unit (transaction) is complete. A steady stream's
+//! segments are written into zeros made ahead ([`crate::spare`]), so that
 //! the `fdatasync` has no file length to make durable.
 //!
 //! A full disk is not a failure: a write that finds no room is cut back to
@@ -123,6 +123,7 @@ impl LogWriter {
             len,
             allocated,
             spares,
+            writing_since: None,
             asked_spare: false,
             index,
             published_index: 0,
@@ -288,7 +289,9 @@ struct WriterThread {
     allocated: u64,
     /// Makes the zero-filled files segments are written into.
     spares: Option<Spares>,
-    /// A spare was asked for (at the first append).
+    /// When the first record went into this segment.
+    writing_since: Option<Instant>,
+    /// A spare was asked for while writing this segment.
     asked_spare: bool,
     index: IndexBuilder,
     /// Index entries already copied to the shared state.
@@ -320,15 +323,11 @@ impl WriterThread {
                         unit_end,
                         permits,
                     } => {
-                        if !self.asked_spare {
-                            self.asked_spare = true;
-                            if let Some(spares) = &self.spares {
-                                spares.request();
-                            }
-                        }
-                        if self.segment_full() && !self.until_room(&commands, Self::roll)? {
+                        let leave = self.segment_full() || self.spare_waits();
+                        if leave && !self.until_room(&commands, Self::roll)? {
                             return Ok(());
                         }
+                        self.mind_spare();
                         if let Some(h) = self.add(&payload, entry, lsn, unit_end) {
                             head = Some(h);
                         }
@@ -407,6 +406,28 @@ impl WriterThread {
         self.len >= self.shared.options.segment_size && self.len > SEGMENT_HEADER_LEN
     }
 
+    /// A spare is ready while this segment grows as it is written (and has
+    /// records): better to leave it now than at its end.
+    fn spare_waits(&self) -> bool {
+        self.asked_spare
+            && self.allocated <= self.len
+            && self.len > SEGMENT_HEADER_LEN
+            && self.spares.as_ref().is_some_and(Spares::is_ready)
+    }
+
+    /// Asks for a spare once this segment has been written to for longer
+    /// than a bulk load would take to fill it ([`Spares::due_after`]).
+    fn mind_spare(&mut self) {
+        let since = *self.writing_since.get_or_insert_with(Instant::now);
+        if let Some(spares) = &self.spares
+            && !self.asked_spare
+            && since.elapsed() >= Spares::due_after(self.shared.options.segment_size)
+        {
+            spares.request();
+            self.asked_spare = true;
+        }
+    }
+
     /// Frames a record into the buffer. Returns the new head if the record
     /// ends a unit.
     fn add(
@@ -477,7 +498,7 @@ impl WriterThread {
     }
 
     /// Seals the current segment (written, cut to its records, fsynced,
-    /// indexed) and starts the next: a spare if one is ready.
+    /// indexed) and starts the next: the spare if one is ready.
     fn roll(&mut self) -> Result<(), LogError> {
         self.write_buffer()?;
         if self.allocated > self.len {
@@ -508,6 +529,8 @@ impl WriterThread {
         };
         self.base = base;
         self.len = SEGMENT_HEADER_LEN;
+        self.writing_since = None;
+        self.asked_spare = false;
         self.index = IndexBuilder::default();
         self.published_index = 0;
         self.update_shared();

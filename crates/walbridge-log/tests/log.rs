@@ -242,28 +242,31 @@ async fn damage_in_the_middle_is_an_error_naming_segment_and_offset() {
 #[tokio::test]
 async fn damage_too_far_from_the_end_of_the_last_segment_is_not_taken_for_a_torn_write() {
     let dir = ok(tempfile::tempdir());
+    // Large enough for more than a write batch of records after the damage.
     let zero_filled = LogOptions {
+        segment_size: 16 << 20,
         preallocate: true,
         ..LogOptions::default()
     };
     let (log, writer, _) = ok(Log::open(dir.path(), zero_filled.clone()));
+    let next = write_until_into_zeros(&log, &writer, dir.path(), 0, || {}).await;
     let big = RecordEncoder::default().message(&LogicalMessage {
         lsn: Lsn(1),
         transactional: false,
         prefix: "big".into(),
         content: Bytes::from(vec![7u8; 100_000]),
     });
-    for i in 0..120 {
+    for i in next..next + 120 {
         ok(writer.append(big.clone(), Lsn(i), true).await);
     }
-    wait_for_head(&log, 120).await;
+    wait_for_head(&log, next + 120).await;
     ok(writer.close().await);
-    let seg = segments(dir.path()).remove(0);
+    let seg = ok(segments(dir.path()).pop().ok_or("no segment"));
     // Preallocated: the zeros after the records do not count as the end
     // the damage is measured from.
-    assert_eq!(file_len(&seg), 64 << 20);
+    assert_eq!(file_len(&seg), 16 << 20);
     let mut bytes = ok(std::fs::read(&seg));
-    bytes[24 + 100] ^= 1;
+    bytes[24 + walbridge_log::frame::HEADER_LEN] ^= 1;
     ok(std::fs::write(&seg, &bytes));
     match Log::open(dir.path(), zero_filled.clone()) {
         Err(LogError::Corrupt { offset, .. }) => assert_eq!(offset, 24),
@@ -595,7 +598,8 @@ fn version(seg: &Path) -> u32 {
     u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]])
 }
 
-/// 1 MiB segments, preallocated.
+/// 1 MiB segments, preallocated (a spare is asked for once a segment has
+/// been written to for 125 ms).
 fn preallocated() -> LogOptions {
     LogOptions {
         segment_size: 1 << 20,
@@ -604,50 +608,123 @@ fn preallocated() -> LogOptions {
     }
 }
 
-/// A new log's first segment is made full of zeros and records go into
-/// them: a reader following the writer never takes the zeros for
-/// records, a reopened log finds its end where the records end (nothing
-/// to repair) and goes on writing into the same zeros.
+/// Appends records from `next` on, ten at a time with a pause between
+/// (calling `each` after each ten), as a steady stream does, until the
+/// log writes into a segment zero-filled ahead. Returns the next record.
+async fn write_until_into_zeros(
+    log: &Log,
+    writer: &LogWriter,
+    dir: &Path,
+    mut next: u64,
+    mut each: impl FnMut(),
+) -> u64 {
+    for _ in 0..400 {
+        append_all(writer, next..next + 10).await;
+        next += 10;
+        wait_for_head(log, next).await;
+        each();
+        let last = ok(segments(dir).pop().ok_or("no segment"));
+        if version(&last) == walbridge_log::segment::VERSION_PREALLOCATED {
+            return next;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "the log never wrote into zeros made ahead: {:?}",
+        segments(dir)
+    );
+}
+
+/// A new log's first segment grows as it is written (a new log is usually
+/// followed by a bulk load). Once it has been written to for longer than
+/// a bulk load takes to fill it, a spare is made and the writer moves
+/// into it at once: a reader following the writer never takes the zeros
+/// for records, a reopened log finds its end where the records end
+/// (nothing to repair) and goes on writing into the same zeros.
 #[tokio::test]
-async fn records_go_into_zeros_made_ahead_and_the_log_reopens_at_their_end() {
+async fn a_steady_stream_moves_into_zeros_made_ahead_and_the_log_reopens_at_their_end() {
     let dir = ok(tempfile::tempdir());
     let (log, writer, _) = ok(Log::open(dir.path(), preallocated()));
-    let first = segments(dir.path()).remove(0);
-    assert_eq!(file_len(&first), 1 << 20);
     assert_eq!(
-        version(&first),
-        walbridge_log::segment::VERSION_PREALLOCATED
+        version(&segments(dir.path())[0]),
+        walbridge_log::segment::VERSION
     );
     let mut reader = ok(log.reader(0));
     let mut seen = Vec::new();
-    for batch in 0..10 {
-        append_all(&writer, (batch * 30)..((batch + 1) * 30)).await;
-        wait_for_head(&log, (batch + 1) * 30).await;
+    let mut read = || {
         while let Some(r) = ok(reader.try_next()) {
             seen.push(prefix(&r.entry));
         }
+    };
+    let mut next = write_until_into_zeros(&log, &writer, dir.path(), 0, &mut read).await;
+    let segs = segments(dir.path());
+    assert_eq!(segs.len(), 2, "{segs:?}");
+    assert!(file_len(&segs[0]) < 1 << 20, "left before it was full");
+    let bytes = ok(std::fs::read(&segs[0]));
+    assert_ne!(bytes.last(), Some(&0), "the first segment grew");
+    for _ in 0..5 {
+        append_all(&writer, next..next + 30).await;
+        next += 30;
+        wait_for_head(&log, next).await;
+        read();
     }
-    let expected: Vec<String> = (0..300).map(|i| format!("r{i}")).collect();
+    let expected: Vec<String> = (0..next).map(|i| format!("r{i}")).collect();
     assert_eq!(seen, expected);
-    assert_eq!(segments(dir.path()), vec![first.clone()]);
-    assert_eq!(file_len(&first), 1 << 20, "written into, not grown");
+    assert_eq!(segments(dir.path()), segs);
+    assert_eq!(file_len(&segs[1]), 1 << 20, "written into, not grown");
     ok(writer.close().await);
 
     let (log, writer, recovery) = ok(Log::open(dir.path(), preallocated()));
     assert_eq!(recovery.truncated_bytes, 0);
     assert_eq!(recovery.removed_records, 0);
-    assert_eq!(log.head().next_seq, 300);
-    append_all(&writer, 300..400).await;
-    wait_for_head(&log, 400).await;
+    assert_eq!(log.head().next_seq, next);
+    append_all(&writer, next..next + 100).await;
+    wait_for_head(&log, next + 100).await;
     let all: Vec<String> = read_all(&log, 0).into_iter().map(|r| r.1).collect();
-    let expected: Vec<String> = (0..400).map(|i| format!("r{i}")).collect();
+    let expected: Vec<String> = (0..next + 100).map(|i| format!("r{i}")).collect();
     assert_eq!(all, expected);
-    assert_eq!(file_len(&first), 1 << 20, "written on into the zeros");
+    assert_eq!(segments(dir.path()), segs);
+    assert_eq!(file_len(&segs[1]), 1 << 20, "written on into the zeros");
     ok(writer.close().await);
 }
 
-/// At a roll the writer moves into the spare its thread zero-filled
-/// meanwhile and cuts the segment it leaves to its records: only the
+/// A bulk load (the initial copy, a catch-up) fills each segment sooner
+/// than a spare is asked for: it writes no zeros, its segments grow as
+/// they are written. (16 MiB segments: a spare is asked for after 2 s of
+/// writing one, which 16 MiB of appends take far less than.)
+#[tokio::test]
+async fn a_bulk_load_writes_no_zeros() {
+    let dir = ok(tempfile::tempdir());
+    let options = LogOptions {
+        segment_size: 16 << 20,
+        preallocate: true,
+        ..LogOptions::default()
+    };
+    let (log, writer, _) = ok(Log::open(dir.path(), options));
+    let big = RecordEncoder::default().message(&LogicalMessage {
+        lsn: Lsn(1),
+        transactional: false,
+        prefix: "big".into(),
+        content: Bytes::from(vec![7u8; 100_000]),
+    });
+    for i in 0..400 {
+        ok(writer.append(big.clone(), Lsn(i), true).await);
+    }
+    wait_for_head(&log, 400).await;
+    ok(writer.close().await);
+    let segs = segments(dir.path());
+    assert_eq!(segs.len(), 3, "{segs:?}");
+    assert!(
+        segs.iter()
+            .all(|s| version(s) == walbridge_log::segment::VERSION),
+        "a segment was zero-filled ahead"
+    );
+    assert!(files(dir.path(), "spare").is_empty());
+    assert!(files(dir.path(), "zeroing").is_empty());
+}
+
+/// A steady stream's rolls go into spares made while the segment before
+/// was written, and cut the zeros after that segment's records: only the
 /// segment being written has zeros after them, a sealed one is read (and
 /// its index rebuilt) like any other. A spare left ready at closing is
 /// the next run's, one being made is never left.
@@ -655,12 +732,26 @@ async fn records_go_into_zeros_made_ahead_and_the_log_reopens_at_their_end() {
 async fn rolls_go_into_spares_and_cut_the_zeros_after_the_records() {
     let dir = ok(tempfile::tempdir());
     let (log, writer, _) = ok(Log::open(dir.path(), preallocated()));
-    // Record i is up to 3,000 bytes: 1,500 records fill more than 1 MiB,
-    // appended in steps so that the spare thread keeps up (it may not, on
-    // a busy machine: a segment begun without one grows as it is written).
-    for step in 0..15 {
-        append_all(&writer, (step * 100)..((step + 1) * 100)).await;
-        wait_for_head(&log, (step + 1) * 100).await;
+    let mut next = write_until_into_zeros(&log, &writer, dir.path(), 0, || {}).await;
+    // Record i is up to 3,000 bytes: about 700 fill 1 MiB, appended in
+    // steps that take longer than the 125 ms after which a spare is asked
+    // for (the spare thread may still fall behind on a busy machine: a
+    // segment begun without one grows, and is left when one is ready).
+    while segments(dir.path()).len() < 4 {
+        append_all(&writer, next..next + 100).await;
+        next += 100;
+        wait_for_head(&log, next).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Long enough into the last segment for the next spare.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    append_all(&writer, next..next + 10).await;
+    next += 10;
+    wait_for_head(&log, next).await;
+    for _ in 0..200 {
+        if !files(dir.path(), "spare").is_empty() {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     ok(writer.close().await);
@@ -668,11 +759,11 @@ async fn rolls_go_into_spares_and_cut_the_zeros_after_the_records() {
     assert_eq!(left.len(), 1, "the next spare was made: {left:?}");
     assert!(files(dir.path(), "zeroing").is_empty());
     let segs = segments(dir.path());
-    assert!(segs.len() >= 3, "{segs:?}");
     assert!(
-        segs.iter()
+        segs[1..]
+            .iter()
             .all(|s| version(s) == walbridge_log::segment::VERSION_PREALLOCATED),
-        "every segment was a spare"
+        "every segment after the first was a spare"
     );
     for seg in &segs[..segs.len() - 1] {
         let _ = std::fs::remove_file(seg.with_extension("idx"));
@@ -682,13 +773,11 @@ async fn rolls_go_into_spares_and_cut_the_zeros_after_the_records() {
     assert_eq!(file_len(&segs[segs.len() - 1]), 1 << 20);
     let (log, writer, recovery) = ok(Log::open(dir.path(), preallocated()));
     assert_eq!(recovery.truncated_bytes, 0);
-    assert_eq!(read_all(&log, 700).len(), 800);
+    assert_eq!(read_all(&log, next - 800).len(), 800);
     // The spare left is the next segment.
     let before = segments(dir.path()).len();
-    for step in 15..25 {
-        append_all(&writer, (step * 100)..((step + 1) * 100)).await;
-        wait_for_head(&log, (step + 1) * 100).await;
-    }
+    append_all(&writer, next..next + 1000).await;
+    wait_for_head(&log, next + 1000).await;
     assert!(segments(dir.path()).len() > before);
     assert!(!left[0].exists(), "{} was not used", left[0].display());
     ok(writer.close().await);
@@ -701,15 +790,17 @@ async fn rolls_go_into_spares_and_cut_the_zeros_after_the_records() {
 async fn a_write_torn_inside_the_zeros_is_cut_back() {
     let dir = ok(tempfile::tempdir());
     let (log, writer, _) = ok(Log::open(dir.path(), preallocated()));
-    append_all(&writer, 0..50).await;
-    wait_for_head(&log, 50).await;
+    let next = write_until_into_zeros(&log, &writer, dir.path(), 0, || {}).await;
+    append_all(&writer, next..next + 50).await;
+    let next = next + 50;
+    wait_for_head(&log, next).await;
     let end = log.head().end;
     ok(writer.close().await);
-    let seg = segments(dir.path()).remove(0);
+    let seg = ok(segments(dir.path()).pop().ok_or("no segment"));
     // Half a frame, as a write cut short leaves it.
     let torn = {
         let mut frame = Vec::new();
-        walbridge_log::frame::encode(&mut frame, 50, Lsn(505), true, &payload(50));
+        walbridge_log::frame::encode(&mut frame, next, Lsn(next * 10 + 5), true, &payload(next));
         frame.truncate(frame.len() / 2);
         frame
     };
@@ -720,10 +811,10 @@ async fn a_write_torn_inside_the_zeros_is_cut_back() {
     }
     let (log, writer, recovery) = ok(Log::open(dir.path(), preallocated()));
     assert_eq!(recovery.truncated_bytes, torn.len() as u64);
-    assert_eq!(log.head().next_seq, 50);
+    assert_eq!(log.head().next_seq, next);
     assert_eq!(file_len(&seg), 1 << 20, "the room stays");
-    append_all(&writer, 50..60).await;
-    wait_for_head(&log, 60).await;
-    assert_eq!(read_all(&log, 0).len(), 60);
+    append_all(&writer, next..next + 10).await;
+    wait_for_head(&log, next + 10).await;
+    assert_eq!(read_all(&log, 0).len(), next as usize + 10);
     ok(writer.close().await);
 }
