@@ -29,10 +29,15 @@
 # BASELINE_DATA_DIR puts those readers' data_dir (their log) under another
 # directory: with BASELINE_BIN the same build and BASELINE_DATA_DIR=/dev/shm,
 # the pair shows what the log's fsync costs at each stage.
+# CONFIG_EXTRA and BASELINE_CONFIG_EXTRA end the configuration of the
+# readers and of the baseline readers (say '[log]' and 'preallocate =
+# false'): with BASELINE_BIN the same build, the pair compares a setting.
 #
 #   scripts/bench-latency.sh
 #   RATES=1000 ROUNDS=3 DURATION=10 KINDS=postgres scripts/bench-latency.sh
 #   BASELINE_BIN=/tmp/old/target/release/walbridge KINDS=jsonl scripts/bench-latency.sh
+#   BASELINE_BIN=target/release/walbridge CONFIG_EXTRA=$'[log]\npreallocate = true' \
+#     BASELINE_CONFIG_EXTRA=$'[log]\npreallocate = false' scripts/bench-latency.sh
 set -euo pipefail
 source "$(dirname "$0")/bench-common.sh"
 rates=${RATES:-"1000 3000"}
@@ -80,10 +85,11 @@ done
 # walbridge as reader $1 (a kind, or a kind-base run by BASELINE_BIN);
 # sets wb_pid (and feed for a feed).
 start_walbridge() {
-  local kind=${1%-base} dir="$work/wb-$1" sink binary=$bin data
+  local kind=${1%-base} dir="$work/wb-$1" sink binary=$bin data extra=${CONFIG_EXTRA:-}
   data="$dir/data"
   if [ "$1" != "$kind" ]; then
     binary=$BASELINE_BIN
+    extra=${BASELINE_CONFIG_EXTRA:-}
     if [ -n "$baseline_data" ]; then data="$baseline_data/wb-$1"; fi
   fi
   mkdir -p "$dir"
@@ -112,6 +118,7 @@ copy_data = false
 [[sink]]
 name = "out"
 $sink
+$extra
 CONF
   if [ "$kind" = jsonl ]; then
     # The reader notes each insert's id and delay; the pipe is its stdin.
