@@ -63,7 +63,8 @@ pub struct LogOptions {
     pub when_full: WhenFull,
     /// Write segments into files zero-filled ahead (see `crate::spare`),
     /// when they are at least 1 MiB and written slower than a bulk load
-    /// writes them: it makes each commit of a steady stream cheaper.
+    /// writes them: it makes each commit of a steady stream cheaper. On by
+    /// default.
     pub preallocate: bool,
 }
 
@@ -76,7 +77,7 @@ impl Default for LogOptions {
             retention_size: None,
             max_size: None,
             when_full: WhenFull::Block,
-            preallocate: false,
+            preallocate: true,
         }
     }
 }

@@ -26,6 +26,16 @@ fn payload(i: u64) -> Vec<u8> {
     })
 }
 
+/// A record of about 100 kB.
+fn big_record() -> Vec<u8> {
+    RecordEncoder::default().message(&LogicalMessage {
+        lsn: Lsn(1),
+        transactional: false,
+        prefix: "big".into(),
+        content: Bytes::from(vec![7u8; 100_000]),
+    })
+}
+
 fn prefix(entry: &Entry) -> String {
     match entry {
         Entry::Message(m) => m.prefix.clone(),
@@ -243,19 +253,10 @@ async fn damage_in_the_middle_is_an_error_naming_segment_and_offset() {
 async fn damage_too_far_from_the_end_of_the_last_segment_is_not_taken_for_a_torn_write() {
     let dir = ok(tempfile::tempdir());
     // Large enough for more than a write batch of records after the damage.
-    let zero_filled = LogOptions {
-        segment_size: 16 << 20,
-        preallocate: true,
-        ..LogOptions::default()
-    };
+    let zero_filled = preallocated(16 << 20);
     let (log, writer, _) = ok(Log::open(dir.path(), zero_filled.clone()));
     let next = write_until_into_zeros(&log, &writer, dir.path(), 0, || {}).await;
-    let big = RecordEncoder::default().message(&LogicalMessage {
-        lsn: Lsn(1),
-        transactional: false,
-        prefix: "big".into(),
-        content: Bytes::from(vec![7u8; 100_000]),
-    });
+    let big = big_record();
     for i in next..next + 120 {
         ok(writer.append(big.clone(), Lsn(i), true).await);
     }
@@ -598,11 +599,12 @@ fn version(seg: &Path) -> u32 {
     u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]])
 }
 
-/// 1 MiB segments, preallocated (a spare is asked for once a segment has
-/// been written to for 125 ms).
-fn preallocated() -> LogOptions {
+/// Segments of `segment_size`, preallocated: a spare is asked for once a
+/// segment has been written to for as long as it takes to fill at 8 MiB/s
+/// (125 ms for 1 MiB).
+fn preallocated(segment_size: u64) -> LogOptions {
     LogOptions {
-        segment_size: 1 << 20,
+        segment_size,
         preallocate: true,
         ..LogOptions::default()
     }
@@ -644,7 +646,7 @@ async fn write_until_into_zeros(
 #[tokio::test]
 async fn a_steady_stream_moves_into_zeros_made_ahead_and_the_log_reopens_at_their_end() {
     let dir = ok(tempfile::tempdir());
-    let (log, writer, _) = ok(Log::open(dir.path(), preallocated()));
+    let (log, writer, _) = ok(Log::open(dir.path(), preallocated(1 << 20)));
     assert_eq!(
         version(&segments(dir.path())[0]),
         walbridge_log::segment::VERSION
@@ -674,7 +676,7 @@ async fn a_steady_stream_moves_into_zeros_made_ahead_and_the_log_reopens_at_thei
     assert_eq!(file_len(&segs[1]), 1 << 20, "written into, not grown");
     ok(writer.close().await);
 
-    let (log, writer, recovery) = ok(Log::open(dir.path(), preallocated()));
+    let (log, writer, recovery) = ok(Log::open(dir.path(), preallocated(1 << 20)));
     assert_eq!(recovery.truncated_bytes, 0);
     assert_eq!(recovery.removed_records, 0);
     assert_eq!(log.head().next_seq, next);
@@ -695,18 +697,9 @@ async fn a_steady_stream_moves_into_zeros_made_ahead_and_the_log_reopens_at_thei
 #[tokio::test]
 async fn a_bulk_load_writes_no_zeros() {
     let dir = ok(tempfile::tempdir());
-    let options = LogOptions {
-        segment_size: 16 << 20,
-        preallocate: true,
-        ..LogOptions::default()
-    };
+    let options = preallocated(16 << 20);
     let (log, writer, _) = ok(Log::open(dir.path(), options));
-    let big = RecordEncoder::default().message(&LogicalMessage {
-        lsn: Lsn(1),
-        transactional: false,
-        prefix: "big".into(),
-        content: Bytes::from(vec![7u8; 100_000]),
-    });
+    let big = big_record();
     for i in 0..400 {
         ok(writer.append(big.clone(), Lsn(i), true).await);
     }
@@ -731,7 +724,7 @@ async fn a_bulk_load_writes_no_zeros() {
 #[tokio::test]
 async fn rolls_go_into_spares_and_cut_the_zeros_after_the_records() {
     let dir = ok(tempfile::tempdir());
-    let (log, writer, _) = ok(Log::open(dir.path(), preallocated()));
+    let (log, writer, _) = ok(Log::open(dir.path(), preallocated(1 << 20)));
     let mut next = write_until_into_zeros(&log, &writer, dir.path(), 0, || {}).await;
     // Record i is up to 3,000 bytes: about 700 fill 1 MiB, appended in
     // steps that take longer than the 125 ms after which a spare is asked
@@ -771,7 +764,7 @@ async fn rolls_go_into_spares_and_cut_the_zeros_after_the_records() {
         assert_ne!(bytes.last(), Some(&0), "{} ends in zeros", seg.display());
     }
     assert_eq!(file_len(&segs[segs.len() - 1]), 1 << 20);
-    let (log, writer, recovery) = ok(Log::open(dir.path(), preallocated()));
+    let (log, writer, recovery) = ok(Log::open(dir.path(), preallocated(1 << 20)));
     assert_eq!(recovery.truncated_bytes, 0);
     assert_eq!(read_all(&log, next - 800).len(), 800);
     // The spare left is the next segment.
@@ -789,7 +782,7 @@ async fn rolls_go_into_spares_and_cut_the_zeros_after_the_records() {
 #[tokio::test]
 async fn a_write_torn_inside_the_zeros_is_cut_back() {
     let dir = ok(tempfile::tempdir());
-    let (log, writer, _) = ok(Log::open(dir.path(), preallocated()));
+    let (log, writer, _) = ok(Log::open(dir.path(), preallocated(1 << 20)));
     let next = write_until_into_zeros(&log, &writer, dir.path(), 0, || {}).await;
     append_all(&writer, next..next + 50).await;
     let next = next + 50;
@@ -809,7 +802,7 @@ async fn a_write_torn_inside_the_zeros_is_cut_back() {
         let file = ok(std::fs::OpenOptions::new().write(true).open(&seg));
         ok(file.write_all_at(&torn, end));
     }
-    let (log, writer, recovery) = ok(Log::open(dir.path(), preallocated()));
+    let (log, writer, recovery) = ok(Log::open(dir.path(), preallocated(1 << 20)));
     assert_eq!(recovery.truncated_bytes, torn.len() as u64);
     assert_eq!(log.head().next_seq, next);
     assert_eq!(file_len(&seg), 1 << 20, "the room stays");

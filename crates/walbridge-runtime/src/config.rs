@@ -481,6 +481,24 @@ publications = ["p"]
     }
 
     #[test]
+    fn the_log_preallocates_unless_told_not_to() {
+        let preallocates = |text: &str| {
+            Config::parse(text, env, KINDS)
+                .unwrap_or_else(|e| panic!("{e:#}"))
+                .log
+                .options()
+                .preallocate
+        };
+        assert!(preallocates(BASE));
+        assert!(preallocates(&format!(
+            "{BASE}[log]\nsegment_size = \"16MiB\"\n"
+        )));
+        assert!(!preallocates(&format!(
+            "{BASE}[log]\npreallocate = false\n"
+        )));
+    }
+
+    #[test]
     fn errors_name_the_key() {
         let err = |text: &str| {
             format!(

@@ -32,6 +32,10 @@ fn default_segment_size() -> ByteSize {
     ByteSize(64 << 20)
 }
 
+fn default_preallocate() -> bool {
+    true
+}
+
 fn default_fsync_interval() -> DurationText {
     DurationText(Duration::from_secs(1))
 }
@@ -61,8 +65,8 @@ pub struct LogConfig {
     /// At `max_size`: `block` (default) or `drop_sink`.
     #[serde(default)]
     pub when_full: WhenFullMode,
-    /// Write segments into files zero-filled ahead (default false).
-    #[serde(default)]
+    /// Write a steady stream's segments into files zero-filled ahead (default true).
+    #[serde(default = "default_preallocate")]
     pub preallocate: bool,
 }
 
@@ -76,7 +80,7 @@ impl Default for LogConfig {
             retention_size: None,
             max_size: None,
             when_full: WhenFullMode::default(),
-            preallocate: false,
+            preallocate: default_preallocate(),
         }
     }
 }
