@@ -203,6 +203,9 @@ impl Log {
         std::fs::create_dir_all(dir).map_err(LogError::io("create", dir))?;
         let id = log_id(dir)?;
         crate::spare::remove_leftovers(dir, options.preallocates())?;
+        for path in files_ending(dir, CREATING_SUFFIX)? {
+            std::fs::remove_file(&path).map_err(LogError::io("remove", &path))?;
+        }
         let mut bases = list_segments(dir)?;
         let mut recovery = Recovery::default();
         let mut segments = BTreeMap::new();
@@ -556,26 +559,48 @@ fn list_segments(dir: &Path) -> Result<Vec<u64>, LogError> {
     Ok(bases)
 }
 
-/// Creates an empty segment and makes it durable (file and directory entry).
+/// A segment being created is named so until its header is durable: a
+/// crash never leaves a segment name on a file without its header.
+const CREATING_SUFFIX: &str = ".creating";
+
+/// Creates an empty segment and makes it durable (file and directory
+/// entry): written and synced under another name, then renamed.
 pub(crate) fn create_segment(dir: &Path, base: u64, start_lsn: Lsn) -> Result<File, LogError> {
     let path = segment_path(dir, base);
-    let mut file = File::options()
-        .create_new(true)
+    let creating = dir.join(format!("{base:020}{CREATING_SUFFIX}"));
+    let created = File::options()
+        .create(true)
+        .truncate(true)
         .read(true)
         .write(true)
-        .open(&path)
-        .map_err(LogError::io("create", &path))?;
-    let written = file
-        .write_all(&segment::header(start_lsn, false))
-        .map_err(LogError::io("write", &path))
-        .and_then(|()| file.sync_all().map_err(LogError::io("fsync", &path)));
-    if let Err(e) = written {
-        // Leave no headless segment behind: creating it is tried again (a full disk).
-        let _ = std::fs::remove_file(&path);
-        return Err(e);
+        .open(&creating)
+        .map_err(LogError::io("create", &creating))
+        .and_then(|mut file| {
+            file.write_all(&segment::header(start_lsn, false))
+                .map_err(LogError::io("write", &creating))?;
+            file.sync_all().map_err(LogError::io("fsync", &creating))?;
+            std::fs::rename(&creating, &path).map_err(LogError::io("rename", &creating))?;
+            Ok(file)
+        });
+    if created.is_err() {
+        // Creating it is tried again (a full disk).
+        let _ = std::fs::remove_file(&creating);
     }
+    let file = created?;
     sync_dir(dir)?;
     Ok(file)
+}
+
+/// The files in `dir` whose names end with `suffix`.
+pub(crate) fn files_ending(dir: &Path, suffix: &str) -> Result<Vec<PathBuf>, LogError> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(LogError::io("list", dir))? {
+        let entry = entry.map_err(LogError::io("list", dir))?;
+        if entry.file_name().to_string_lossy().ends_with(suffix) {
+            found.push(entry.path());
+        }
+    }
+    Ok(found)
 }
 
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), LogError> {
@@ -654,6 +679,19 @@ fn recover_tail(
             });
         };
         let path = segment_path(dir, base);
+        let len = std::fs::metadata(&path)
+            .map_err(LogError::io("stat", &path))?
+            .len();
+        if !sealed && len < SEGMENT_HEADER_LEN && bases.len() > 1 {
+            // A roll cut short before the new segment's header was written
+            // (by a walbridge that named it first): nothing was in it, and
+            // the segment before was sealed whole.
+            tracing::warn!(log = %dir.display(), segment = base, "removed a segment whose creation a crash cut short");
+            std::fs::remove_file(&path).map_err(LogError::io("remove", &path))?;
+            bases.pop();
+            sealed = true;
+            continue;
+        }
         let scan = segment::scan(&path, base).map_err(|e| scan_error(&path, e))?;
         // Only the segment that was being written can have a torn end; one
         // sealed by a roll was fsynced whole.

@@ -47,6 +47,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use crate::error::LogError;
+use crate::log::files_ending;
 
 /// Segments at least this large are preallocated; smaller ones are not
 /// worth a thread.
@@ -186,18 +187,6 @@ fn adopt(dir: &Path, size: u64) -> Result<Option<Ready>, LogError> {
         }
     }
     Ok(adopted)
-}
-
-/// The files in `dir` whose names end with `suffix`.
-fn files_ending(dir: &Path, suffix: &str) -> Result<Vec<PathBuf>, LogError> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(LogError::io("list", dir))? {
-        let entry = entry.map_err(LogError::io("list", dir))?;
-        if entry.file_name().to_string_lossy().ends_with(suffix) {
-            found.push(entry.path());
-        }
-    }
-    Ok(found)
 }
 
 /// Makes zero-filled `file` (at `from`) the segment `to`: its header

@@ -249,6 +249,38 @@ async fn damage_in_the_middle_is_an_error_naming_segment_and_offset() {
     ok(writer.close().await);
 }
 
+/// A crash while a roll creates the next segment: a walbridge before this
+/// one named the file before writing its header, and left it empty; this
+/// one writes the header under another name first. Opening removes both
+/// leftovers and goes on from the records before them.
+#[tokio::test]
+async fn a_segment_whose_creation_a_crash_cut_short_is_removed() {
+    let dir = ok(tempfile::tempdir());
+    let (log, writer, _) = ok(Log::open(dir.path(), small_segments()));
+    append_all(&writer, 0..100).await;
+    wait_for_head(&log, 100).await;
+    ok(writer.close().await);
+    let before = segments(dir.path());
+    assert!(before.len() > 1, "{before:?}");
+    assert!(files(dir.path(), "creating").is_empty());
+    let empty = dir.path().join(format!("{:020}.seg", 100));
+    ok(std::fs::write(&empty, b""));
+    let creating = dir.path().join(format!("{:020}.creating", 101));
+    ok(std::fs::write(&creating, b"walbridge"));
+
+    let (log, writer, recovery) = ok(Log::open(dir.path(), small_segments()));
+    assert_eq!(recovery, walbridge_log::Recovery::default());
+    assert_eq!(segments(dir.path()), before);
+    assert!(!creating.exists());
+    assert_eq!(log.head().next_seq, 100);
+    append_all(&writer, 100..200).await;
+    wait_for_head(&log, 200).await;
+    let all: Vec<String> = read_all(&log, 0).into_iter().map(|r| r.1).collect();
+    let expected: Vec<String> = (0..200).map(|i| format!("r{i}")).collect();
+    assert_eq!(all, expected);
+    ok(writer.close().await);
+}
+
 #[tokio::test]
 async fn damage_too_far_from_the_end_of_the_last_segment_is_not_taken_for_a_torn_write() {
     let dir = ok(tempfile::tempdir());
