@@ -25,7 +25,8 @@ build_walbridge() {
 
 # Writes $work/wb/config.toml: source `bench` reading publication
 # bench_pub of database `bench`, postgres sink `replica` into database $1
-# of the second server.
+# of the second server. SOURCE_EXTRA adds lines to the source's section
+# (or a section of their own before the sink's: $'[log]\npreallocate = false').
 write_pg_sink_config() {
   mkdir -p "$work/wb"
   cat > "$work/wb/config.toml" <<CONF
@@ -34,6 +35,7 @@ data_dir = "$work/wb/data"
 name = "bench"
 connection = "host=127.0.0.1 port=$port dbname=bench user=postgres sslmode=disable"
 publications = ["bench_pub"]
+${SOURCE_EXTRA:-}
 [[sink]]
 name = "replica"
 type = "postgres"
