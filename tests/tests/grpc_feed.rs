@@ -43,6 +43,9 @@ impl Fixture {
         wb.configure_sinks(&pg.superuser(), &["pub"], source_extra, sinks);
         let running = wb.start();
         let client = Client::new(&feed::address(&wb, 0, WAIT));
+        // The feed listens before the source has its slot: a write made
+        // before that would come as a copied row, not a change.
+        pg.wait_for_streaming(WAIT);
         Fixture {
             pg,
             wb,
@@ -447,7 +450,6 @@ fn acknowledged_units_are_not_sent_again_unacknowledged_ones_are() {
 #[test]
 fn flow_control_holds_back_only_what_is_not_acknowledged() {
     let f = Fixture::start("CREATE TABLE t (id int PRIMARY KEY)", "", "");
-    f.pg.wait_for_streaming(WAIT);
     for i in 1..=10 {
         f.pg.psql(&format!(
             "BEGIN; INSERT INTO t VALUES ({i}); INSERT INTO t VALUES ({i} + 100); COMMIT"
@@ -474,7 +476,6 @@ fn flow_control_holds_back_only_what_is_not_acknowledged() {
 #[test]
 fn durable_consumers_are_managed_with_the_admin_calls_and_have_one_session() {
     let f = Fixture::start("CREATE TABLE t (id int PRIMARY KEY)", "", "");
-    f.pg.wait_for_streaming(WAIT);
     f.pg.psql("INSERT INTO t VALUES (1)");
     let created = f.client.call(
         "CreateConsumer",
@@ -745,7 +746,6 @@ fn the_log_is_kept_for_a_durable_consumer_until_it_acknowledges_within_retention
             feed::sink("127.0.0.1:0", "retention = \"3s\"")
         ),
     );
-    f.pg.wait_for_streaming(WAIT);
     let created = f
         .client
         .call("CreateConsumer", &json!({"consumer": "slow"}));

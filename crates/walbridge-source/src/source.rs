@@ -986,7 +986,6 @@ impl Source {
                     self.last_sequences(&mut sequences, &client, events, feedback).await;
                     return self.finish(conn, flushed, assembler, feedback).await;
                 }
-                message = conn.recv_copy() => Some(message),
                 // The log failed: stop now, not at the next change (a quiet
                 // database may send none for hours).
                 _ = events.closed() => return Err(SourceError::DownstreamClosed(name.clone())),
@@ -1057,6 +1056,11 @@ impl Source {
                     }
                     None
                 }
+                // The stream comes last: while the walsender is behind a
+                // message is always ready, and every branch above (each of
+                // bounded rate) would wait for the backlog to end — chunks
+                // of a copy would not count as durable, status not be sent.
+                message = conn.recv_copy() => Some(message),
             };
             // Take every message already received before going back to the
             // select: one wake-up per burst, not per message.
