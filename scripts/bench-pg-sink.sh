@@ -27,6 +27,8 @@ transactions=${TRANSACTIONS:-20000}
 rounds=${ROUNDS:-3}
 sync_rounds=${SYNC_ROUNDS:-3}
 clients=4
+# The catch-up rounds go on from the subscriptions the initial sync makes.
+[ "$sync_rounds" -ge 1 ] || { echo "bench-pg-sink: SYNC_ROUNDS must be at least 1 (the catch-up rounds start from the initial sync's subscriptions)" >&2; exit 2; }
 
 build_walbridge
 start_postgres "max_wal_senders = 20" "max_replication_slots = 20"
@@ -121,7 +123,7 @@ for round in $(seq 1 "$rounds"); do
   until_sub wb "$marker"
   wb=$(elapsed "$start")
   wb_cpu="publisher $(minus "$(server_cpu "$work/data")" "$pub_cpu") s, subscriber $(minus "$(server_cpu "$work/data2")" "$sub_cpu") s, walbridge $(cpu_seconds "$wb_pid") s"
-  echo "round $round: $transactions transactions: pg_recvlogical ${recv}s, native ${native}s, walbridge ${wb}s"
+  echo "round $round: $transactions transactions: pg_recvlogical ${recv}s, native ${native}s, walbridge ${wb}s ($(python3 -c "print(f'{$native / $wb:.2f}')")x native)"
   echo "  CPU: pg_recvlogical: $recv_cpu; native: $native_cpu; walbridge: $wb_cpu"
   results+=("$recv $native $wb")
 done
@@ -145,5 +147,7 @@ print(f"catch-up, median of {len(rounds)} rounds of {n} TPC-B transactions:")
 print(f"  pg_recvlogical (ceiling): {recv:6.2f} s {n / recv:8.0f} transactions/s")
 print(f"  native subscription:      {native:6.2f} s {n / native:8.0f} transactions/s  ({100 * recv / native:.0f}% of the ceiling)")
 print(f"  walbridge postgres sink:  {wb:6.2f} s {n / wb:8.0f} transactions/s  ({100 * recv / wb:.0f}% of the ceiling, {native / wb:.2f}x native, peak RSS {rss / 1024:.0f} MB)")
+ratios = sorted(r[1] / r[2] for r in rounds)
+print(f"  walbridge against native, round by round: {statistics.median(ratios):.2f}x median, {ratios[0]:.2f}x-{ratios[-1]:.2f}x")
 print(f"initial sync, median of {len(pairs) // 2}: native {native_sync:.2f} s, walbridge {wb_sync:.2f} s ({native_sync / wb_sync:.2f}x native)")
 PY
