@@ -63,8 +63,8 @@ pub struct LogOptions {
     pub when_full: WhenFull,
     /// Write segments into files zero-filled ahead (see `crate::spare`),
     /// when they are at least 1 MiB and written slower than a bulk load
-    /// writes them: it makes each commit of a steady stream cheaper. On by
-    /// default.
+    /// writes them but fast enough to fill within an hour: it makes each
+    /// commit of a steady stream cheaper. On by default.
     pub preallocate: bool,
 }
 

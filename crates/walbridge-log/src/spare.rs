@@ -17,7 +17,9 @@
 //! written has been written to for longer than it takes to fill at
 //! [`SPARE_RATE`] ([`Spares::due_after`]): a stream slower than that gets
 //! one well before its segment is full, a bulk load fills its segments
-//! first and writes no zeros. The writer then moves into the spare at the
+//! first and writes no zeros. Nor does a source so quiet that its segment
+//! would take longer than [`FILL_HORIZON`] to fill ([`Spares::due`]): its
+//! log stays as small as its records. The writer then moves into the spare at the
 //! next roll, or at once when the segment it is writing grows as it is
 //! written (a new log's first segment, one begun while no spare was
 //! ready): a steady stream writes into zeros from [`Spares::due_after`]
@@ -58,6 +60,13 @@ pub const PREALLOCATE_MIN: u64 = 1 << 20;
 /// writes the log on this project's machines (about 90 MB/s), and seven
 /// times faster than a steady 3,000 transactions/s (about 1.1 MB/s).
 pub const SPARE_RATE: u64 = 8 << 20;
+
+/// A segment that would take longer than this to fill at the rate it is
+/// being written gets no spare: a source that commits that seldom pays
+/// little in all for a growing file's dearer fsync, and zeros made ahead
+/// for it would be most of its log on disk (twice the segment size per
+/// source, however idle).
+pub const FILL_HORIZON: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Zeros are written this much at a time (and the thread can stop between two).
 const CHUNK: usize = 1 << 20;
@@ -131,6 +140,16 @@ impl Spares {
     /// asked for: the time it takes to fill at [`SPARE_RATE`].
     pub fn due_after(size: u64) -> std::time::Duration {
         std::time::Duration::from_secs_f64(size as f64 / SPARE_RATE as f64)
+    }
+
+    /// Whether a segment of `size` bytes, of which `left` are still free,
+    /// written with `written` bytes over `elapsed`, is to have a spare: it
+    /// has been written to for [`Spares::due_after`] (not a bulk load), and
+    /// at that rate the rest fills within [`FILL_HORIZON`] (not an idle
+    /// source).
+    pub fn due(size: u64, left: u64, written: u64, elapsed: std::time::Duration) -> bool {
+        elapsed >= Self::due_after(size)
+            && written as f64 * FILL_HORIZON.as_secs_f64() >= left as f64 * elapsed.as_secs_f64()
     }
 
     /// Has a spare made unless one is ready or under way.
@@ -304,4 +323,44 @@ fn zero_fill(shared: &Shared, path: &Path, size: u64) -> std::io::Result<Option<
     }
     file.sync_all()?;
     Ok(Some(file))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::Spares;
+
+    const MIB: u64 = 1 << 20;
+
+    /// `rate` bytes a second into a 64 MiB segment for `secs`: due?
+    fn due_at(rate: u64, secs: u64) -> bool {
+        let size = 64 * MIB;
+        let written = rate * secs;
+        Spares::due(size, size - written, written, Duration::from_secs(secs))
+    }
+
+    #[test]
+    fn a_steady_stream_gets_a_spare_a_bulk_load_and_an_idle_source_none() {
+        // The initial copy writes about 90 MB/s: full before it is due.
+        assert!(!Spares::due(
+            64 * MIB,
+            4_000_000,
+            63_000_000,
+            Duration::from_millis(700)
+        ));
+        // 3,000 and 1,000 transactions a second, after 8 s.
+        assert!(due_at(1_100_000, 8));
+        assert!(due_at(300_000, 8));
+        assert!(
+            !due_at(300_000, 7),
+            "not before it has been written for 8 s"
+        );
+        // A transaction of 300 bytes every second: 62 hours to fill.
+        assert!(!due_at(300, 600));
+        // The horizon itself: 10 kB a second fills 36 MB in an hour.
+        let (size, secs) = (64 * MIB, Duration::from_secs(100));
+        assert!(Spares::due(size, 36_000_000, 1_000_000, secs));
+        assert!(!Spares::due(size, 36_000_001, 1_000_000, secs));
+    }
 }

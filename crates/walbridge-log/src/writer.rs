@@ -289,8 +289,9 @@ struct WriterThread {
     allocated: u64,
     /// Makes the zero-filled files segments are written into.
     spares: Option<Spares>,
-    /// When the first record went into this segment.
-    writing_since: Option<Instant>,
+    /// When the first record went into this segment (in this run), and
+    /// the segment's length then.
+    writing_since: Option<(Instant, u64)>,
     /// A spare was asked for while writing this segment.
     asked_spare: bool,
     index: IndexBuilder,
@@ -416,12 +417,17 @@ impl WriterThread {
     }
 
     /// Asks for a spare once this segment has been written to for longer
-    /// than a bulk load would take to fill it ([`Spares::due_after`]).
+    /// than a bulk load would take to fill it, at a rate that fills it
+    /// within the horizon ([`Spares::due`]).
     fn mind_spare(&mut self) {
-        let since = *self.writing_since.get_or_insert_with(Instant::now);
+        let len = self.len;
+        let (since, from) = *self
+            .writing_since
+            .get_or_insert_with(|| (Instant::now(), len));
+        let size = self.shared.options.segment_size;
         if let Some(spares) = &self.spares
             && !self.asked_spare
-            && since.elapsed() >= Spares::due_after(self.shared.options.segment_size)
+            && Spares::due(size, size.saturating_sub(len), len - from, since.elapsed())
         {
             spares.request();
             self.asked_spare = true;

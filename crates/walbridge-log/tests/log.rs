@@ -748,6 +748,30 @@ async fn a_bulk_load_writes_no_zeros() {
     assert!(files(dir.path(), "zeroing").is_empty());
 }
 
+/// A quiet source, whose segment would take longer than an hour to fill
+/// at the rate it is written, gets no spare: its log is the size of its
+/// records. (1 MiB segments: a spare is due after 125 ms of writing, but a
+/// record of a hundred bytes every 300 ms would take hours to fill one.)
+#[tokio::test]
+async fn a_quiet_source_writes_no_zeros() {
+    let dir = ok(tempfile::tempdir());
+    let (log, writer, _) = ok(Log::open(dir.path(), preallocated(1 << 20)));
+    for i in 0..4 {
+        append_all(&writer, i..i + 1).await;
+        wait_for_head(&log, i + 1).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    ok(writer.close().await);
+    let segs = segments(dir.path());
+    assert_eq!(segs.len(), 1, "{segs:?}");
+    assert!(
+        file_len(&segs[0]) < 4096,
+        "the segment grew with its records"
+    );
+    assert!(files(dir.path(), "spare").is_empty());
+    assert!(files(dir.path(), "zeroing").is_empty());
+}
+
 /// A steady stream's rolls go into spares made while the segment before
 /// was written, and cut the zeros after that segment's records: only the
 /// segment being written has zeros after them, a sealed one is read (and
