@@ -126,6 +126,38 @@ fn an_idle_publication_does_not_hold_back_the_slot() {
     assert!(running.stop(WAIT).success());
 }
 
+/// An idle stream confirms the WAL's end as soon as a keepalive tells it,
+/// as a native subscriber does, not at its next status (every 120 s here;
+/// the publisher asks for one every 30 s): the slot's restart point can
+/// follow, so a walbridge stopped soon after catching up does not decode
+/// that WAL again at its next start.
+#[test]
+fn an_idle_stream_confirms_the_wal_end_at_once() {
+    let pg = Cluster::start();
+    pg.psql("CREATE TABLE published (id int PRIMARY KEY); CREATE TABLE other (pad text); CREATE PUBLICATION pub FOR TABLE published");
+    let wb = Deployment::new();
+    wb.configure(
+        &pg,
+        "postgres",
+        "pub",
+        "copy_data = false\nstatus_interval = 120",
+    );
+    let running = wb.start();
+    pg.wait_for_streaming(WAIT);
+    pg.psql("INSERT INTO other SELECT repeat('x', 100) FROM generate_series(1, 10000)");
+    let end = pg.psql("SELECT pg_current_wal_lsn()");
+    let confirmed = format!(
+        "SELECT confirmed_flush_lsn >= '{end}' FROM pg_replication_slots WHERE slot_name = 'walbridge_src'"
+    );
+    assert_eq!(
+        pg.wait_for(&confirmed, "t", Duration::from_secs(15)),
+        "t",
+        "log:\n{}",
+        wb.log()
+    );
+    assert!(running.stop(WAIT).success());
+}
+
 #[test]
 fn heartbeats_move_the_slot_on_a_quiet_database_and_stay_out_of_the_output() {
     let pg = Cluster::start();

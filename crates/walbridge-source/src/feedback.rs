@@ -5,8 +5,9 @@
 //!   durable through [`Downstream::durable`](crate::Downstream)
 //!   (walbridge's log). The publisher may discard WAL before `flush`, so it
 //!   never runs ahead of durability. When nothing is open or undelivered,
-//!   the keepalive's WAL end is confirmed too, so an idle publication does
-//!   not pin WAL.
+//!   the keepalive's WAL end is confirmed too, as soon as a keepalive
+//!   moves it, so an idle publication does not pin WAL and the slot's
+//!   restart point follows the stream.
 //! * `apply` = what every consumer has applied
 //!   ([`Downstream::applied`](crate::Downstream)), which
 //!   `synchronous_commit = remote_apply` waits for.
@@ -71,15 +72,7 @@ impl Feedback {
         in_transaction: bool,
         pending_prepare: Option<Lsn>,
     ) -> StatusUpdate {
-        let mut flush = durable;
-        let idle = !in_transaction && durable >= self.last_emitted_end;
-        if idle {
-            flush = flush.max(self.keepalive_end);
-        }
-        if let Some(prepare) = pending_prepare {
-            flush = flush.min(Lsn(prepare.0.saturating_sub(1)));
-        }
-        flush = flush.max(self.reported_flush);
+        let flush = self.flush(durable, in_transaction, pending_prepare);
         self.reported_flush = flush;
         let write = self.received.max(flush);
         // Consumers that applied everything durable have applied up to `flush`.
@@ -92,6 +85,37 @@ impl Feedback {
             time: PgTimestamp::now(),
             reply_requested: false,
         }
+    }
+
+    /// What `flush` is for [`Feedback::status`]'s arguments.
+    fn flush(&self, durable: Lsn, in_transaction: bool, pending_prepare: Option<Lsn>) -> Lsn {
+        let mut flush = durable;
+        let idle = !in_transaction && durable >= self.last_emitted_end;
+        if idle {
+            flush = flush.max(self.keepalive_end);
+        }
+        if let Some(prepare) = pending_prepare {
+            flush = flush.min(Lsn(prepare.0.saturating_sub(1)));
+        }
+        flush.max(self.reported_flush)
+    }
+
+    /// A keepalive says the WAL ends at `wal_end`; true when a status sent
+    /// now (same arguments as [`Feedback::status`]) would confirm more than
+    /// the last one. An idle stream then confirms the WAL's end at once, as
+    /// a native subscriber does, and the publisher moves the slot's restart
+    /// point on: a walbridge stopped soon after catching up does not decode
+    /// that WAL again at its next start.
+    pub(crate) fn keepalive(
+        &mut self,
+        wal_end: Lsn,
+        durable: Lsn,
+        in_transaction: bool,
+        pending_prepare: Option<Lsn>,
+    ) -> bool {
+        self.keepalive_end = self.keepalive_end.max(wal_end);
+        self.received = self.received.max(wal_end);
+        self.flush(durable, in_transaction, pending_prepare) > self.reported_flush
     }
 }
 
@@ -127,6 +151,24 @@ mod tests {
         assert_eq!(f.status(Lsn(100), true, None).flush, Lsn(100));
         f.last_emitted_end = Lsn(200);
         assert_eq!(f.status(Lsn(150), false, None).flush, Lsn(150));
+    }
+
+    #[test]
+    fn a_keepalive_asks_for_a_status_only_when_it_moves_the_confirmed_end() {
+        let (mut f, _applied) = feedback(100, 0);
+        assert!(f.keepalive(Lsn(500), Lsn(100), false, None));
+        assert_eq!(f.status(Lsn(100), false, None).flush, Lsn(500));
+        assert!(
+            !f.keepalive(Lsn(500), Lsn(100), false, None),
+            "confirmed already"
+        );
+        // Not while a transaction is being received, nor while something
+        // sent is not yet durable, nor past a pending prepare.
+        assert!(!f.keepalive(Lsn(600), Lsn(100), true, None));
+        f.last_emitted_end = Lsn(550);
+        assert!(!f.keepalive(Lsn(700), Lsn(500), false, None));
+        assert!(f.keepalive(Lsn(700), Lsn(550), false, None));
+        assert!(!f.keepalive(Lsn(800), Lsn(550), false, Some(Lsn(400))));
     }
 
     #[test]

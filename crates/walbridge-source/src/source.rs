@@ -1079,12 +1079,18 @@ impl Source {
                         reply_requested,
                         ..
                     } => {
-                        feedback.keepalive_end = feedback.keepalive_end.max(wal_end);
-                        feedback.received = feedback.received.max(wal_end);
+                        let acked = *flushed.borrow();
+                        let moves = feedback.keepalive(
+                            wal_end,
+                            acked,
+                            assembler.in_transaction(),
+                            assembler.oldest_pending_prepare(),
+                        );
                         if reply_requested {
-                            let acked = *flushed.borrow();
                             self.send_status(&mut conn, feedback, acked, assembler)
                                 .await?;
+                        } else if moves {
+                            status_due.get_or_insert(last_status + STATUS_GAP);
                         }
                     }
                     ServerMessage::XLogData {
