@@ -88,8 +88,32 @@ for round in $(seq 1 "$sync_rounds"); do
   syncs+=("$native_sync $wb_sync")
 done
 
+# Both slots settle before a pause: the publisher moves a slot's restart
+# point (where decoding starts again) only once its subscriber confirms
+# past a record of the running transactions, which a CHECKPOINT writes. A
+# side paused sooner after its catch-up than the other would decode part
+# of the last round again in the next; a subscriber that keeps running
+# never does.
+settle_slots() {
+  local from; from=$(psql_db bench -c "SELECT pg_current_wal_lsn()")
+  local behind="SELECT string_agg(slot_name, ', ') FROM pg_replication_slots WHERE slot_name IN ('native_sub', 'walbridge_bench') AND restart_lsn < '$from'"
+  local tries=0 left
+  while :; do
+    psql_db bench -c "CHECKPOINT" >/dev/null
+    sleep 1
+    left=$(psql_db bench -c "$behind")
+    [ -n "$left" ] || return 0
+    tries=$((tries + 1))
+    if [ "$tries" -ge 60 ]; then
+      echo "bench-pg-sink: the restart point of $left did not pass $from in 60 s; going on" >&2
+      return 0
+    fi
+  done
+}
+
 results=()
 for round in $(seq 1 "$rounds"); do
+  settle_slots
   # Pause both; a third slot for pg_recvlogical at the same point.
   sub native -c "ALTER SUBSCRIPTION native_sub DISABLE" >/dev/null
   stop_walbridge
