@@ -19,13 +19,13 @@
 //! enough: there the publisher's kernel also runs the receiving side of
 //! each segment, in the walsender's `send()`, and a receive window that
 //! never fills still takes every message as a segment of its own (a
-//! catch-up of 100,000 TPC-B transactions: the walsender 4.5-4.8 CPU-s for
-//! walbridge against 2.4-3.0 for a native subscriber, most of the
-//! difference in the network stack). So a loopback socket's receive
+//! catch-up of 100,000 TPC-B transactions: the walsender 3.4-4.8 CPU-s for
+//! walbridge against 2.2-3.1 for a native subscriber, the difference in
+//! the kernel's network stack). So a loopback socket's receive
 //! buffer is held small ([`LOOPBACK_BATCH`]): while a batch waits, the
 //! window closes, and the walsender's next sends queue in its kernel and
-//! go out together when the batch is read (2.6-3.1 CPU-s, and the
-//! catch-up a quarter faster). Over a network the receive side is the
+//! go out together when the batch is read (2.0-2.8 CPU-s, and the
+//! catch-up a quarter faster: 4.0 s against 5.3, a median of 5 rounds). Over a network the receive side is the
 //! other machine's, and a small window would cap the throughput at the
 //! round trip: the buffer is left to the kernel there.
 //!
@@ -47,9 +47,10 @@ pub const LOW_WATER: usize = 64 * 1024;
 
 /// A loopback socket's receive buffer (the kernel doubles it for its own
 /// accounting), and so its batch: Linux caps the low-water mark of a
-/// socket whose buffer is set at half the buffer. 32 KiB held the
-/// publisher's CPU lowest of 32, 64 and 128 KiB; a window of 32 KiB on
-/// loopback still passes far more than a walsender sends.
+/// socket whose buffer is set at half the buffer. Of 32, 64 and 128 KiB,
+/// 32 held the publisher's CPU lowest (2.6 CPU-s against 3.1-3.8 and 4.0
+/// in single catch-ups); a window of 32 KiB on loopback still passes far
+/// more than a walsender sends.
 pub const LOOPBACK_BATCH: usize = 32 * 1024;
 
 /// How long a batched read waits for [`LOW_WATER`] bytes before it takes
