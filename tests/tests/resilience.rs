@@ -6,9 +6,9 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use walbridge_tests::Cluster;
 use walbridge_tests::fixtures::{WORKLOAD_SCHEMA, assert_replays_to_publisher, transaction};
 use walbridge_tests::walbridge::{Deployment, Running, ids_with_op};
+use walbridge_tests::{Cluster, ClusterBuilder};
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -99,19 +99,32 @@ fn sigterm_during_the_initial_copy_exits_cleanly_and_copies_again() {
     });
 }
 
-#[test]
-fn an_idle_publication_does_not_hold_back_the_slot() {
-    let pg = Cluster::start();
+/// walbridge streaming a publication of an empty table, `other` left out
+/// of it, with status updates every `status_interval` seconds, from a
+/// publisher whose `wal_sender_timeout` is `timeout`.
+fn streaming_an_idle_publication(
+    status_interval: u32,
+    timeout: &str,
+) -> (Cluster, Deployment, Running) {
+    let pg = ClusterBuilder::default()
+        .setting("wal_sender_timeout", &format!("'{timeout}'"))
+        .start();
     pg.psql("CREATE TABLE published (id int PRIMARY KEY); CREATE TABLE other (pad text); CREATE PUBLICATION pub FOR TABLE published");
     let wb = Deployment::new();
     wb.configure(
         &pg,
         "postgres",
         "pub",
-        "copy_data = false\nstatus_interval = 1",
+        &format!("copy_data = false\nstatus_interval = {status_interval}"),
     );
     let running = wb.start();
     pg.wait_for_streaming(WAIT);
+    (pg, wb, running)
+}
+
+#[test]
+fn an_idle_publication_does_not_hold_back_the_slot() {
+    let (pg, wb, running) = streaming_an_idle_publication(1, "60s");
     // 200 MB of WAL, none of it published.
     for _ in 0..20 {
         pg.psql("INSERT INTO other SELECT repeat('x', 1000) FROM generate_series(1, 10000)");
@@ -127,30 +140,20 @@ fn an_idle_publication_does_not_hold_back_the_slot() {
 }
 
 /// An idle stream confirms the WAL's end as soon as a keepalive tells it,
-/// as a native subscriber does, not at its next status (every 120 s here;
-/// the publisher asks for one every 30 s): the slot's restart point can
+/// as a native subscriber does, not at its next status (every 10 minutes
+/// here; the publisher asks for one every 5): the slot's restart point can
 /// follow, so a walbridge stopped soon after catching up does not decode
 /// that WAL again at its next start.
 #[test]
 fn an_idle_stream_confirms_the_wal_end_at_once() {
-    let pg = Cluster::start();
-    pg.psql("CREATE TABLE published (id int PRIMARY KEY); CREATE TABLE other (pad text); CREATE PUBLICATION pub FOR TABLE published");
-    let wb = Deployment::new();
-    wb.configure(
-        &pg,
-        "postgres",
-        "pub",
-        "copy_data = false\nstatus_interval = 120",
-    );
-    let running = wb.start();
-    pg.wait_for_streaming(WAIT);
+    let (pg, wb, running) = streaming_an_idle_publication(600, "10min");
     pg.psql("INSERT INTO other SELECT repeat('x', 100) FROM generate_series(1, 10000)");
     let end = pg.psql("SELECT pg_current_wal_lsn()");
     let confirmed = format!(
         "SELECT confirmed_flush_lsn >= '{end}' FROM pg_replication_slots WHERE slot_name = 'walbridge_src'"
     );
     assert_eq!(
-        pg.wait_for(&confirmed, "t", Duration::from_secs(15)),
+        pg.wait_for(&confirmed, "t", WAIT),
         "t",
         "log:\n{}",
         wb.log()
