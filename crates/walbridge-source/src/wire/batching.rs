@@ -21,13 +21,14 @@
 //! never fills still takes every message as a segment of its own (a
 //! catch-up of 100,000 TPC-B transactions: the walsender 3.4-4.8 CPU-s for
 //! walbridge against 2.2-3.1 for a native subscriber, the difference in
-//! the kernel's network stack). So a loopback socket's receive
-//! buffer is held small ([`LOOPBACK_BATCH`]): while a batch waits, the
-//! window closes, and the walsender's next sends queue in its kernel and
-//! go out together when the batch is read (2.0-2.8 CPU-s, and the
-//! catch-up a quarter faster: 4.0 s against 5.3, a median of 5 rounds). Over a network the receive side is the
-//! other machine's, and a small window would cap the throughput at the
-//! round trip: the buffer is left to the kernel there.
+//! the kernel's network stack). So a loopback socket's receive buffer is
+//! held small ([`LOOPBACK_BATCH`]): while a batch waits, the window
+//! closes, and the walsender's next sends queue in its kernel and go out
+//! together when the batch is read (2.0-2.8 CPU-s, and the catch-up a
+//! quarter faster: 4.0 s against 5.3, medians of 5 rounds). Over a
+//! network the receive side is the other machine's, and a small window
+//! would cap the throughput at the round trip: the buffer is left to the
+//! kernel there.
 //!
 //! Batching costs latency (up to [`BATCH_WAIT`] per message), so it is
 //! only for a backlog. The reader is told whether there is one
