@@ -19,11 +19,11 @@
 //! one well before its segment is full, a bulk load fills its segments
 //! first and writes no zeros. Nor does a source so quiet that its segment
 //! would take longer than [`FILL_HORIZON`] to fill ([`Spares::due`]): its
-//! log stays as small as its records. The writer then moves into the spare at the
-//! next roll, or at once when the segment it is writing grows as it is
-//! written (a new log's first segment, one begun while no spare was
-//! ready): a steady stream writes into zeros from [`Spares::due_after`]
-//! after its first record on.
+//! log stays as small as its records. The writer then moves into the
+//! spare at the next roll, or at once when the segment it is writing
+//! grows as it is written (a new log's first segment, one begun while no
+//! spare was ready): a steady stream writes into zeros from
+//! [`Spares::due_after`] after its first record on.
 //!
 //! The spare is written as `<pid>-<n>.zeroing`, fsynced and renamed
 //! `<pid>-<n>.spare` when ready (names no segment has); at a roll the

@@ -217,13 +217,19 @@ async fn an_unfinished_transaction_is_removed_even_across_segments() {
     ok(writer.close().await);
 }
 
+/// Writes records `0..n` into a new log in `dir` (small segments) and
+/// closes it: a log to damage, or to reopen.
+async fn write_closed(dir: &Path, n: u64) {
+    let (log, writer, _) = ok(Log::open(dir, small_segments()));
+    append_all(&writer, 0..n).await;
+    wait_for_head(&log, n).await;
+    ok(writer.close().await);
+}
+
 #[tokio::test]
 async fn damage_in_the_middle_is_an_error_naming_segment_and_offset() {
     let dir = ok(tempfile::tempdir());
-    let (log, writer, _) = ok(Log::open(dir.path(), small_segments()));
-    append_all(&writer, 0..200).await;
-    wait_for_head(&log, 200).await;
-    ok(writer.close().await);
+    write_closed(dir.path(), 200).await;
     let first = segments(dir.path()).remove(0);
     let mut bytes = ok(std::fs::read(&first));
     let offset = 24 + walbridge_log::frame::HEADER_LEN + payload(0).len() + 40;
@@ -256,10 +262,7 @@ async fn damage_in_the_middle_is_an_error_naming_segment_and_offset() {
 #[tokio::test]
 async fn a_segment_whose_creation_a_crash_cut_short_is_removed() {
     let dir = ok(tempfile::tempdir());
-    let (log, writer, _) = ok(Log::open(dir.path(), small_segments()));
-    append_all(&writer, 0..100).await;
-    wait_for_head(&log, 100).await;
-    ok(writer.close().await);
+    write_closed(dir.path(), 100).await;
     let before = segments(dir.path());
     assert!(before.len() > 1, "{before:?}");
     assert!(files(dir.path(), "creating").is_empty());
