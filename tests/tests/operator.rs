@@ -126,21 +126,22 @@ fn a_full_disk_pauses_reading_from_the_publisher_until_there_is_room() {
         "copy_data = false\nstatus_interval = 1",
     );
     // Zeros made ahead cannot fit either (a spare is 4 MiB, asked for
-    // once a segment has been written to for half a second): the log goes
-    // on without them.
+    // once a segment has been written to for half a second at a rate that
+    // fills it within an hour: 20 kB at first is far more than that asks
+    // for, however slow the machine): the log goes on without them.
     let config = std::fs::read_to_string(wb.config_path()).unwrap_or_default();
     wb.write_config(&format!(
         "{config}\n[log]\npreallocate = true\nsegment_size = \"4MiB\"\n"
     ));
     let running = wb.start();
     pg.wait_for_streaming(WAIT);
-    insert(&pg, (1, 1), 1000, 1);
-    wb.wait_for_lines(1, WAIT);
+    insert(&pg, (1, 20), 1000, 20);
+    wb.wait_for_lines(20, WAIT);
     std::thread::sleep(Duration::from_millis(600));
-    insert(&pg, (2, 2), 1000, 1);
+    insert(&pg, (21, 21), 1000, 1);
     wb.wait_for_log("cannot preallocate the log's next segment", WAIT);
     // About 6 MB of changes: twice what the file system holds.
-    insert(&pg, (3, 6000), 1000, 500);
+    insert(&pg, (22, 6000), 1000, 500);
     wb.wait_for_log("the file system holding the log is full", WAIT);
     // What is not in the log is not confirmed: the publisher keeps it.
     let behind = pg.query_scalar(
