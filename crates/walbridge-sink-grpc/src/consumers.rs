@@ -222,6 +222,11 @@ impl Consumers {
         partitions: Option<u32>,
     ) -> Result<Consumer, FeedError> {
         check_name(name).map_err(FeedError::Invalid)?;
+        // Held while stored: members of a new group subscribing at once
+        // all try to create it, and two writes of one cursor file race
+        // (one rename finds the other's temporary file gone).
+        let writer = self.writer(name);
+        let _writing = writer.lock().unwrap_or_else(|p| p.into_inner());
         if self.lock().contains_key(name) {
             return Err(FeedError::ConsumerExists(name.to_owned()));
         }
@@ -233,11 +238,7 @@ impl Consumers {
             members: 0,
         };
         self.store(name, &consumer)?;
-        let mut known = self.lock();
-        if known.contains_key(name) {
-            return Err(FeedError::ConsumerExists(name.to_owned()));
-        }
-        known.insert(name.to_owned(), consumer.clone());
+        self.lock().insert(name.to_owned(), consumer.clone());
         Ok(consumer)
     }
 
@@ -448,6 +449,38 @@ mod tests {
             next,
             lsn: next * 100,
             copied_rows: 0,
+        }
+    }
+
+    /// Members of a new group subscribing at once each try to create it:
+    /// one does, the others find it (never a failed write of its file).
+    #[test]
+    fn consumers_created_at_once_are_created_once() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let consumers = Arc::new(Consumers::load(dir.path()).unwrap_or_else(|e| panic!("{e}")));
+        for round in 0..20 {
+            let name = format!("group{round}");
+            let outcomes: Vec<Result<Consumer, FeedError>> = std::thread::scope(|s| {
+                let tries: Vec<_> = (0..4)
+                    .map(|_| {
+                        s.spawn(|| {
+                            consumers.create(&name, Origin::Earliest, vec![position(1)], Some(3))
+                        })
+                    })
+                    .collect();
+                tries
+                    .into_iter()
+                    .map(|t| t.join().unwrap_or_else(|_| panic!("a create panicked")))
+                    .collect()
+            });
+            let created = outcomes.iter().filter(|o| o.is_ok()).count();
+            assert_eq!(created, 1, "{outcomes:?}");
+            assert!(
+                outcomes
+                    .iter()
+                    .all(|o| matches!(o, Ok(_) | Err(FeedError::ConsumerExists(_)))),
+                "{outcomes:?}"
+            );
         }
     }
 
