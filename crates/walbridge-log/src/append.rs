@@ -56,6 +56,18 @@ impl Appender {
         self.writer.failed().await
     }
 
+    /// Begins a batch of events; the log's writer writes it here, at
+    /// [`Appender::end_batch`], if nothing more waits and it is idle (see
+    /// [`LogWriter::begin_batch`]).
+    pub fn begin_batch(&self, more_waiting: bool) {
+        self.writer.begin_batch(more_waiting);
+    }
+
+    /// Ends a batch begun by [`Appender::begin_batch`].
+    pub async fn end_batch(&self) -> Result<(), LogError> {
+        self.writer.end_batch().await
+    }
+
     /// The LSN recorded for a non-transactional message at `lsn`: just past
     /// it, so that "skip what ends at or before the log's last LSN" skips
     /// the message itself after a restart but nothing that follows it.

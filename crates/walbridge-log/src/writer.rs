@@ -8,6 +8,19 @@
 //! segments are written into zeros made ahead ([`crate::spare`]), so that
 //! the `fdatasync` has no file length to make durable.
 //!
+//! Written here: an appender that has one batch and nothing more waiting
+//! ([`LogWriter::begin_batch`]) writes and fsyncs it itself, on its own
+//! thread, when nothing is queued for the writer thread and its last fsync
+//! was quick ([`QUICK_SYNC`]). On a steady stream that spares each
+//! transaction two wake-ups of another thread (the writer's, then the
+//! reader's task, woken from a thread outside the runtime), which on a busy
+//! machine each wait for a core. The rules do not change: one state, behind
+//! one lock, appended in order (the writer thread's queue is empty before
+//! the appender writes, and the appender hands anything that needs a new
+//! segment, or finds the disk full, to the thread, after what it added);
+//! readers see what it wrote once it is durable. A backlog goes to the
+//! thread, which writes and fsyncs one batch while the next is encoded.
+//!
 //! A full disk is not a failure: a write that finds no room is cut back to
 //! the last whole record (a partial write would leave bytes no frame
 //! accounts for) and tried again every [`ROOM_RETRY`] until there is room.
@@ -19,8 +32,9 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::{Semaphore, mpsc, watch};
 use walbridge_core::Lsn;
@@ -37,10 +51,15 @@ use crate::spare::{Ready, Spares};
 pub const WRITE_BATCH: usize = 8 << 20;
 
 /// How often a write that found the disk full is tried again.
-const ROOM_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+const ROOM_RETRY: Duration = Duration::from_secs(1);
 
 /// How often a full disk is reported while it stays full.
-const FULL_REPORT: std::time::Duration = std::time::Duration::from_secs(60);
+const FULL_REPORT: Duration = Duration::from_secs(60);
+
+/// An appender writes its batch itself only while an fsync takes less than
+/// this: it holds the thread it runs on (a runtime's worker) meanwhile,
+/// which a busy disk's fsync would hold too long.
+pub(crate) const QUICK_SYNC: Duration = Duration::from_millis(1);
 
 /// Records queued before `append` waits.
 const QUEUE: usize = 4096;
@@ -62,6 +81,8 @@ enum Command {
     },
     /// Time for an `interval` fsync.
     Sync,
+    /// Write what an appender left in the buffer (it found the disk full).
+    Write,
 }
 
 /// Appends to a log. There is one per log; appends are applied in the
@@ -75,7 +96,14 @@ pub struct LogWriter {
     failure: Arc<watch::Sender<Option<String>>>,
     queued: Arc<Semaphore>,
     /// The last record queued did not end its unit.
-    within_unit: std::sync::atomic::AtomicBool,
+    within_unit: AtomicBool,
+    /// What the writer thread writes from; the appender too, in a batch
+    /// it writes itself.
+    state: Arc<Mutex<WriterState>>,
+    /// Commands sent to the writer thread and not yet applied.
+    in_flight: Arc<AtomicUsize>,
+    /// The batch under way is written here ([`LogWriter::begin_batch`]).
+    here: AtomicBool,
 }
 
 impl LogWriter {
@@ -98,14 +126,17 @@ impl LogWriter {
             None
         };
         let (tx, rx) = mpsc::channel(QUEUE);
+        let in_flight = Arc::new(AtomicUsize::new(0));
         if let FsyncPolicy::Interval(every) = shared.options.fsync {
             let weak = tx.downgrade();
+            let in_flight = in_flight.clone();
             std::thread::Builder::new()
                 .name("walbridge-log-sync".into())
                 .spawn(move || {
                     loop {
                         std::thread::sleep(every);
                         let Some(tx) = weak.upgrade() else { return };
+                        in_flight.fetch_add(1, Ordering::AcqRel);
                         if tx.blocking_send(Command::Sync).is_err() {
                             return;
                         }
@@ -115,8 +146,7 @@ impl LogWriter {
         }
         let failure = Arc::new(watch::Sender::new(None));
         let queued = Arc::new(Semaphore::new(QUEUE_BYTES));
-        let mut thread = WriterThread {
-            queued: queued.clone(),
+        let state = Arc::new(Mutex::new(WriterState {
             shared: shared.clone(),
             file,
             base,
@@ -133,15 +163,23 @@ impl LogWriter {
             handed: Vec::new(),
             buffer: Vec::with_capacity(WRITE_BATCH + (1 << 20)),
             unsynced: false,
+            pending_head: None,
+            last_sync: Instant::now(),
+            sync_took: Duration::ZERO,
+        }));
+        let thread = WriterThread {
+            shared: shared.clone(),
+            state: state.clone(),
+            queued: queued.clone(),
+            in_flight: in_flight.clone(),
+            failure: failure.clone(),
         };
-        let thread_failure = failure.clone();
         let handle = std::thread::Builder::new()
             .name("walbridge-log-writer".into())
             .spawn(move || {
                 let result = thread.run(rx);
                 if let Err(e) = &result {
-                    tracing::error!(log = %thread.shared.dir.display(), "log writer failed: {e}");
-                    thread_failure.send_replace(Some(e.to_string()));
+                    thread.fail(e);
                 }
                 result
             })
@@ -152,7 +190,10 @@ impl LogWriter {
             shared,
             failure,
             queued,
-            within_unit: std::sync::atomic::AtomicBool::new(false),
+            within_unit: AtomicBool::new(false),
+            state,
+            in_flight,
+            here: AtomicBool::new(false),
         })
     }
 
@@ -194,9 +235,7 @@ impl LogWriter {
         lsn: Lsn,
         unit_end: bool,
     ) -> Result<(), LogError> {
-        let continuing = self
-            .within_unit
-            .swap(!unit_end, std::sync::atomic::Ordering::Relaxed);
+        let continuing = self.within_unit.swap(!unit_end, Ordering::Relaxed);
         if let Some(max) = self.shared.options.max_size.filter(|_| !continuing) {
             let mut size = self.shared.size.subscribe();
             let queued = || (QUEUE_BYTES - self.queued.available_permits()) as u64;
@@ -221,6 +260,17 @@ impl LogWriter {
                 tracing::info!(log = %self.shared.dir.display(), "the log has room again");
             }
         }
+        if self.here.load(Ordering::Relaxed) {
+            let mut state = self.lock()?;
+            if !state.must_roll() {
+                state.mind_spare();
+                state.add(&payload, entry, lsn, unit_end);
+                return Ok(());
+            }
+            // A new segment may have to wait for room: the thread makes it,
+            // and takes the rest of the batch, after what is added here.
+            self.here.store(false, Ordering::Relaxed);
+        }
         // A decoded entry takes two to three times its record's bytes (the
         // max_size check above counts them too: it waits a little early,
         // never late).
@@ -235,16 +285,70 @@ impl LogWriter {
             .await
             .map_err(|_| self.stopped())?
             .forget();
+        self.send(Command::Append {
+            payload,
+            entry,
+            lsn,
+            unit_end,
+            permits,
+        })
+        .await
+    }
+
+    async fn send(&self, command: Command) -> Result<(), LogError> {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.commands
-            .send(Command::Append {
-                payload,
-                entry,
-                lsn,
-                unit_end,
-                permits,
-            })
+            .send(command)
             .await
             .map_err(|_| self.stopped())
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, WriterState>, LogError> {
+        self.state
+            .lock()
+            .map_err(|_| LogError::WriterStopped("the writer thread panicked".into()))
+    }
+
+    /// Begins a batch of appends. When nothing more waits after it
+    /// (`more_waiting` false), nothing is queued for the writer thread and
+    /// its last fsync was quick, the batch is written and fsynced here, by
+    /// [`LogWriter::end_batch`], instead of by the writer thread (see the
+    /// module's docs).
+    pub fn begin_batch(&self, more_waiting: bool) {
+        let here = !more_waiting
+            && self.in_flight.load(Ordering::Acquire) == 0
+            && self.failure.borrow().is_none()
+            && self.lock().is_ok_and(|state| state.sync_took < QUICK_SYNC);
+        self.here.store(here, Ordering::Relaxed);
+    }
+
+    /// Ends a batch: one written here is now written, fsynced (as the
+    /// fsync policy says) and readable. A full disk leaves it to the
+    /// writer thread, which waits for room.
+    pub async fn end_batch(&self) -> Result<(), LogError> {
+        if !self.here.swap(false, Ordering::Relaxed) {
+            return Ok(());
+        }
+        let written = {
+            let mut state = self.lock()?;
+            match state.write_buffer() {
+                Ok(()) => state.sync_as_due(false).map(|()| {
+                    state.publish();
+                    true
+                }),
+                Err(e) if e.is_disk_full() => Ok(false),
+                Err(e) => Err(e),
+            }
+        };
+        match written {
+            Ok(true) => Ok(()),
+            Ok(false) => self.send(Command::Write).await,
+            Err(e) => {
+                tracing::error!(log = %self.shared.dir.display(), "log writer failed: {e}");
+                self.failure.send_replace(Some(e.to_string()));
+                Err(e)
+            }
+        }
     }
 
     fn stopped(&self) -> LogError {
@@ -278,9 +382,135 @@ impl LogWriter {
     }
 }
 
+/// The writer thread: applies queued commands to the state.
 struct WriterThread {
     shared: Arc<Shared>,
+    state: Arc<Mutex<WriterState>>,
     queued: Arc<Semaphore>,
+    in_flight: Arc<AtomicUsize>,
+    failure: Arc<watch::Sender<Option<String>>>,
+}
+
+impl WriterThread {
+    fn run(&self, mut commands: mpsc::Receiver<Command>) -> Result<(), LogError> {
+        while let Some(first) = commands.blocking_recv() {
+            let mut state = self.lock()?;
+            if self.failure.borrow().is_some() {
+                // An appender writing a batch itself failed: write nothing more.
+                return Ok(());
+            }
+            let mut sync_due = false;
+            let mut applied = 0;
+            let mut released = 0;
+            let mut next = Some(first);
+            while let Some(command) = next.take() {
+                applied += 1;
+                match command {
+                    Command::Append {
+                        payload,
+                        entry,
+                        lsn,
+                        unit_end,
+                        permits,
+                    } => {
+                        if state.must_roll() {
+                            let rolled;
+                            (state, rolled) =
+                                self.until_room(state, &commands, WriterState::roll)?;
+                            if !rolled {
+                                return Ok(());
+                            }
+                        }
+                        state.mind_spare();
+                        state.add(&payload, entry, lsn, unit_end);
+                        released += permits as usize;
+                    }
+                    Command::Sync => sync_due = true,
+                    Command::Write => {}
+                }
+                if state.buffer.len() < WRITE_BATCH {
+                    next = commands.try_recv().ok();
+                }
+            }
+            let written;
+            (state, written) = self.until_room(state, &commands, WriterState::write_buffer)?;
+            if !written {
+                return Ok(());
+            }
+            state.sync_as_due(sync_due)?;
+            state.publish();
+            self.queued.add_permits(released);
+            // Under the lock: an appender that finds nothing in flight finds it all written.
+            self.in_flight.fetch_sub(applied, Ordering::AcqRel);
+        }
+        let mut state = self.lock()?;
+        let written;
+        (state, written) = self.until_room(state, &commands, WriterState::write_buffer)?;
+        if written && state.unsynced {
+            state.sync()?;
+        }
+        Ok(())
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, WriterState>, LogError> {
+        self.state
+            .lock()
+            .map_err(|_| LogError::WriterStopped("an appender panicked while writing".into()))
+    }
+
+    fn fail(&self, e: &LogError) {
+        tracing::error!(log = %self.shared.dir.display(), "log writer failed: {e}");
+        self.failure.send_replace(Some(e.to_string()));
+    }
+
+    /// Runs `step` until it succeeds, waiting for room while the disk is
+    /// full (see the module's docs), without the lock while it waits.
+    /// Returns `false` when the log was closed while waiting: what is not
+    /// written was never acknowledged, and the source reads it again from
+    /// the publisher at the next start.
+    fn until_room<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, WriterState>,
+        commands: &mpsc::Receiver<Command>,
+        step: impl Fn(&mut WriterState) -> Result<(), LogError>,
+    ) -> Result<(MutexGuard<'a, WriterState>, bool), LogError> {
+        let mut full_since = None;
+        let mut next_report = Instant::now();
+        loop {
+            let e = match step(&mut state) {
+                Ok(()) => {
+                    if let Some(since) = full_since.map(|t: Instant| t.elapsed()) {
+                        tracing::info!(log = %state.shared.dir.display(), "the disk has room again after {}s; reading from the source again", since.as_secs());
+                    }
+                    return Ok((state, true));
+                }
+                Err(e) if e.is_disk_full() => e,
+                Err(e) => return Err(e),
+            };
+            full_since.get_or_insert_with(Instant::now);
+            if commands.is_closed() {
+                tracing::warn!(log = %state.shared.dir.display(), "stopping while the disk is full: {} bytes of changes were not written; the publisher sends them again at the next start", state.buffer.len());
+                return Ok((state, false));
+            }
+            if Instant::now() >= next_report {
+                tracing::warn!(
+                    log = %state.shared.dir.display(),
+                    "{e}: the file system holding the log is full; not reading from the source until there is room (nothing is lost: the publisher keeps the changes), trying again every {}s. Free space there, or keep the log below the space there is with [log] max_size (and a smaller segment_size)",
+                    ROOM_RETRY.as_secs()
+                );
+                next_report = Instant::now() + FULL_REPORT;
+            }
+            drop(state);
+            std::thread::sleep(ROOM_RETRY);
+            state = self.lock()?;
+        }
+    }
+}
+
+/// The writer's state: the segment written, what is buffered for it, and
+/// what readers have been shown.
+struct WriterState {
+    shared: Arc<Shared>,
     file: File,
     base: u64,
     /// Bytes in the segment, including those buffered.
@@ -301,105 +531,32 @@ struct WriterThread {
     last_unit_lsn: Lsn,
     /// The end of the last record added, complete unit or not.
     tail: Head,
+    /// The end of the last complete unit added and not yet published.
+    pending_head: Option<Head>,
     /// Records of this batch with their entries, to hand off.
     handed: Vec<ReadRecord>,
     buffer: Vec<u8>,
     unsynced: bool,
+    /// When the last fsync was, and how long it took.
+    last_sync: Instant,
+    sync_took: Duration,
 }
 
-impl WriterThread {
-    fn run(&mut self, mut commands: mpsc::Receiver<Command>) -> Result<(), LogError> {
-        let mut last_sync = Instant::now();
-        while let Some(first) = commands.blocking_recv() {
-            let mut sync_due = false;
-            let mut head = None;
-            let mut released = 0;
-            let mut next = Some(first);
-            while let Some(command) = next.take() {
-                match command {
-                    Command::Append {
-                        payload,
-                        entry,
-                        lsn,
-                        unit_end,
-                        permits,
-                    } => {
-                        let leave = self.segment_full() || self.spare_waits();
-                        if leave && !self.until_room(&commands, Self::roll)? {
-                            return Ok(());
-                        }
-                        self.mind_spare();
-                        if let Some(h) = self.add(&payload, entry, lsn, unit_end) {
-                            head = Some(h);
-                        }
-                        released += permits as usize;
-                    }
-                    Command::Sync => sync_due = true,
-                }
-                if self.buffer.len() < WRITE_BATCH {
-                    next = commands.try_recv().ok();
-                }
-            }
-            if !self.until_room(&commands, Self::write_buffer)? {
-                return Ok(());
-            }
-            let sync = match self.shared.options.fsync {
-                FsyncPolicy::Always => true,
-                FsyncPolicy::Interval(every) => sync_due || last_sync.elapsed() >= every,
-            };
-            if sync && self.unsynced {
-                self.sync()?;
-                last_sync = Instant::now();
-            }
-            self.publish(head);
-            self.queued.add_permits(released);
-        }
-        if !self.until_room(&commands, Self::write_buffer)? {
-            return Ok(());
-        }
-        if self.unsynced {
-            self.sync()?;
-        }
-        Ok(())
+impl std::fmt::Debug for WriterState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriterState")
+            .field("segment", &self.base)
+            .field("len", &self.len)
+            .field("next_seq", &self.next_seq)
+            .finish_non_exhaustive()
     }
+}
 
-    /// Runs `step` until it succeeds, waiting for room while the disk is
-    /// full (see the module's docs). Returns `false` when the log was
-    /// closed while waiting: what is not written was never acknowledged,
-    /// and the source reads it again from the publisher at the next start.
-    fn until_room(
-        &mut self,
-        commands: &mpsc::Receiver<Command>,
-        mut step: impl FnMut(&mut Self) -> Result<(), LogError>,
-    ) -> Result<bool, LogError> {
-        let mut full_since = None;
-        let mut next_report = Instant::now();
-        loop {
-            let e = match step(self) {
-                Ok(()) => {
-                    if let Some(since) = full_since.map(|t: Instant| t.elapsed()) {
-                        tracing::info!(log = %self.shared.dir.display(), "the disk has room again after {}s; reading from the source again", since.as_secs());
-                    }
-                    return Ok(true);
-                }
-                Err(e) if e.is_disk_full() => e,
-                Err(e) => return Err(e),
-            };
-            full_since.get_or_insert_with(Instant::now);
-            if commands.is_closed() {
-                tracing::warn!(log = %self.shared.dir.display(), "stopping while the disk is full: {} bytes of changes were not written; the publisher sends them again at the next start", self.buffer.len());
-                return Ok(false);
-            }
-            if Instant::now() >= next_report {
-                tracing::warn!(
-                    log = %self.shared.dir.display(),
-                    "{e}: the file system holding the log is full; not reading from the source until there is room (nothing is lost: the publisher keeps the changes), trying again every {}s. Free space there, or keep the log below the space there is with [log] max_size (and a smaller segment_size)",
-                    ROOM_RETRY.as_secs()
-                );
-                next_report = Instant::now() + FULL_REPORT;
-            }
-            std::thread::sleep(ROOM_RETRY);
-        }
+impl WriterState {
+    /// The next record goes to a new segment (see [`Self::segment_full`],
+    /// [`Self::spare_waits`]).
+    fn must_roll(&self) -> bool {
+        self.segment_full() || self.spare_waits()
     }
 
     /// The current segment has reached `segment_size`: the next record goes to a new one.
@@ -434,15 +591,9 @@ impl WriterThread {
         }
     }
 
-    /// Frames a record into the buffer. Returns the new head if the record
-    /// ends a unit.
-    fn add(
-        &mut self,
-        payload: &[u8],
-        entry: Option<Entry>,
-        lsn: Lsn,
-        unit_end: bool,
-    ) -> Option<Head> {
+    /// Frames a record into the buffer; one that ends a unit becomes the
+    /// head to publish.
+    fn add(&mut self, payload: &[u8], entry: Option<Entry>, lsn: Lsn, unit_end: bool) {
         let pos = self.len;
         let before = self.buffer.len();
         frame::encode(&mut self.buffer, self.next_seq, lsn, unit_end, payload);
@@ -465,11 +616,10 @@ impl WriterThread {
             end: self.len,
             last_lsn: lsn,
         };
-        if !unit_end {
-            return None;
+        if unit_end {
+            self.last_unit_lsn = lsn;
+            self.pending_head = Some(self.tail);
         }
-        self.last_unit_lsn = lsn;
-        Some(self.tail)
     }
 
     /// Writes the buffer to the segment. A write that fails part-way is cut
@@ -495,11 +645,26 @@ impl WriterThread {
     }
 
     fn sync(&mut self) -> Result<(), LogError> {
+        let started = Instant::now();
         self.file.sync_data().map_err(LogError::io(
             "fsync",
             segment_path(&self.shared.dir, self.base),
         ))?;
         self.unsynced = false;
+        self.last_sync = Instant::now();
+        self.sync_took = self.last_sync - started;
+        Ok(())
+    }
+
+    /// Fsyncs what is written, if the policy says it is time (or `due`).
+    fn sync_as_due(&mut self, due: bool) -> Result<(), LogError> {
+        let time = match self.shared.options.fsync {
+            FsyncPolicy::Always => true,
+            FsyncPolicy::Interval(every) => due || self.last_sync.elapsed() >= every,
+        };
+        if time && self.unsynced {
+            self.sync()?;
+        }
         Ok(())
     }
 
@@ -585,7 +750,8 @@ impl WriterThread {
         self.shared.size.send_replace(size);
     }
 
-    fn publish(&mut self, head: Option<Head>) {
+    fn publish(&mut self) {
+        let head = self.pending_head.take();
         self.update_shared();
         let tail = self.tail;
         let head_next = head.map_or_else(|| self.shared.head.borrow().next_seq, |h| h.next_seq);

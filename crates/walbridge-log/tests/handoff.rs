@@ -141,9 +141,13 @@ async fn append(
         let after = between(i);
         // The LSN the log gives the last record (see Appender).
         let last_lsn = Lsn(1_000 + i * 100 + if after.is_some() { 10 } else { 8 });
+        // Two batches of three are written by the appender itself, one by
+        // the writer thread: both hand records over.
+        appender.begin_batch(i % 3 == 1);
         for event in transaction(i, large, relation).into_iter().chain(after) {
             ok(appender.append(event).await);
         }
+        ok(appender.end_batch().await);
         if i % 4 == 0 {
             let caught_up = async {
                 let mut head = log.subscribe();

@@ -870,3 +870,60 @@ async fn a_write_torn_inside_the_zeros_is_cut_back() {
     assert_eq!(read_all(&log, 0).len(), next as usize + 10);
     ok(writer.close().await);
 }
+
+/// Appends `range` as one batch (see [`LogWriter::begin_batch`]).
+async fn append_batch(writer: &LogWriter, range: std::ops::Range<u64>, more_waiting: bool) {
+    writer.begin_batch(more_waiting);
+    append_all(writer, range).await;
+    ok(writer.end_batch().await);
+}
+
+/// A batch with nothing waiting after it is written, fsynced and readable
+/// by the time its appender ends it: the appender wrote it itself. (With
+/// a long fsync interval no fsync can make one slow, which would send the
+/// next batch to the writer thread.)
+#[tokio::test]
+async fn a_batch_alone_is_readable_when_its_appender_ends_it() {
+    let dir = ok(tempfile::tempdir());
+    let options = LogOptions {
+        fsync: FsyncPolicy::Interval(Duration::from_secs(3600)),
+        ..LogOptions::default()
+    };
+    let (log, writer, _) = ok(Log::open(dir.path(), options.clone()));
+    let mut next = 0;
+    for size in 1..=20 {
+        append_batch(&writer, next..next + size, false).await;
+        next += size;
+        assert_eq!(log.head().next_seq, next, "readable at once");
+    }
+    ok(writer.close().await);
+    let (log, writer, recovery) = ok(Log::open(dir.path(), options));
+    assert_eq!(recovery.truncated_bytes, 0);
+    assert_eq!(read_all(&log, 0).len() as u64, next);
+    ok(writer.close().await);
+}
+
+/// Batches written by their appender and batches handed to the writer
+/// thread, interleaved, with segments rolling inside both (the thread
+/// makes each new segment): every record once, in order, in the file and
+/// after reopening.
+#[tokio::test]
+async fn batches_written_here_and_by_the_writer_thread_keep_their_order_across_rolls() {
+    let dir = ok(tempfile::tempdir());
+    let (log, writer, _) = ok(Log::open(dir.path(), small_segments()));
+    let mut next = 0;
+    for i in 0..300 {
+        let size = i % 7 + 1;
+        append_batch(&writer, next..next + size, i % 3 == 0).await;
+        next += size;
+    }
+    wait_for_head(&log, next).await;
+    assert!(segments(dir.path()).len() > 10, "segments rolled");
+    let expected: Vec<(u64, String)> = (0..next).map(|i| (i, format!("r{i}"))).collect();
+    assert_eq!(read_all(&log, 0), expected);
+    ok(writer.close().await);
+    let (log, writer, recovery) = ok(Log::open(dir.path(), small_segments()));
+    assert_eq!(recovery.truncated_bytes, 0);
+    assert_eq!(read_all(&log, 0), expected);
+    ok(writer.close().await);
+}

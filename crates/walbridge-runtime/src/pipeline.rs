@@ -364,12 +364,15 @@ async fn append(
             failure = appender.failed() => return Err(failure),
         };
         let Some(batch) = batch else { break };
+        // The last batch of a burst is written here, not by the log's thread.
+        appender.begin_batch(!events.is_empty());
         for event in batch {
             if let SourceEvent::Commit(info) = &event {
                 received.received(info.commit_time);
             }
             appender.append(event).await?;
         }
+        appender.end_batch().await?;
     }
     appender.close().await
 }
