@@ -56,11 +56,12 @@ impl Appender {
         self.writer.failed().await
     }
 
-    /// Begins a batch of events; the log's writer writes it here, at
-    /// [`Appender::end_batch`], if nothing more waits and it is idle (see
+    /// Begins a batch of events; one `alone` (a single transaction,
+    /// nothing waiting after it) is written here, at
+    /// [`Appender::end_batch`], while the log's writer is idle (see
     /// [`LogWriter::begin_batch`]).
-    pub fn begin_batch(&self, more_waiting: bool) {
-        self.writer.begin_batch(more_waiting);
+    pub fn begin_batch(&self, alone: bool) {
+        self.writer.begin_batch(alone);
     }
 
     /// Ends a batch begun by [`Appender::begin_batch`].

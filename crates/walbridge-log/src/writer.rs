@@ -8,10 +8,10 @@
 //! segments are written into zeros made ahead ([`crate::spare`]), so that
 //! the `fdatasync` has no file length to make durable.
 //!
-//! Written here: an appender that has one batch and nothing more waiting
-//! ([`LogWriter::begin_batch`]) writes and fsyncs it itself, on its own
-//! thread, when nothing is queued for the writer thread and its last fsync
-//! was quick ([`QUICK_SYNC`]). On a steady stream that spares each
+//! Written here: an appender whose batch is one transaction with nothing
+//! waiting after it ([`LogWriter::begin_batch`]) writes and fsyncs it
+//! itself, on its own thread, when nothing is queued for the writer thread
+//! and its last fsync was quick ([`QUICK_SYNC`]). On a steady stream that spares each
 //! transaction two wake-ups of another thread (the writer's, then the
 //! reader's task, woken from a thread outside the runtime), which on a busy
 //! machine each wait for a core. The rules do not change: one state, behind
@@ -19,7 +19,9 @@
 //! the appender writes, and the appender hands anything that needs a new
 //! segment, or finds the disk full, to the thread, after what it added);
 //! readers see what it wrote once it is durable. A backlog goes to the
-//! thread, which writes and fsyncs one batch while the next is encoded.
+//! thread, which writes and fsyncs one batch while the next is decoded and
+//! encoded (written here, a catch-up's batches kept a runtime worker
+//! waiting on each fsync, and took longer).
 //!
 //! A full disk is not a failure: a write that finds no room is cut back to
 //! the last whole record (a partial write would leave bytes no frame
@@ -309,13 +311,14 @@ impl LogWriter {
             .map_err(|_| LogError::WriterStopped("the writer thread panicked".into()))
     }
 
-    /// Begins a batch of appends. When nothing more waits after it
-    /// (`more_waiting` false), nothing is queued for the writer thread and
-    /// its last fsync was quick, the batch is written and fsynced here, by
-    /// [`LogWriter::end_batch`], instead of by the writer thread (see the
-    /// module's docs).
-    pub fn begin_batch(&self, more_waiting: bool) {
-        let here = !more_waiting
+    /// Begins a batch of appends. When it is `alone` (a caught-up stream's
+    /// single transaction, nothing waiting after it), nothing is queued for
+    /// the writer thread and its last fsync was quick, the batch is written
+    /// and fsynced here, by [`LogWriter::end_batch`], instead of by the
+    /// writer thread (see the module's docs). A backlog's batches are not
+    /// alone: while the thread fsyncs one, the caller's thread goes on.
+    pub fn begin_batch(&self, alone: bool) {
+        let here = alone
             && self.in_flight.load(Ordering::Acquire) == 0
             && self.failure.borrow().is_none()
             && self.lock().is_ok_and(|state| state.sync_took < QUICK_SYNC);

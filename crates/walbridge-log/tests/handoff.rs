@@ -143,7 +143,7 @@ async fn append(
         let last_lsn = Lsn(1_000 + i * 100 + if after.is_some() { 10 } else { 8 });
         // Two batches of three are written by the appender itself, one by
         // the writer thread: both hand records over.
-        appender.begin_batch(i % 3 == 1);
+        appender.begin_batch(i % 3 != 1);
         for event in transaction(i, large, relation).into_iter().chain(after) {
             ok(appender.append(event).await);
         }

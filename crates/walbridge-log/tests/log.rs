@@ -872,8 +872,8 @@ async fn a_write_torn_inside_the_zeros_is_cut_back() {
 }
 
 /// Appends `range` as one batch (see [`LogWriter::begin_batch`]).
-async fn append_batch(writer: &LogWriter, range: std::ops::Range<u64>, more_waiting: bool) {
-    writer.begin_batch(more_waiting);
+async fn append_batch(writer: &LogWriter, range: std::ops::Range<u64>, alone: bool) {
+    writer.begin_batch(alone);
     append_all(writer, range).await;
     ok(writer.end_batch().await);
 }
@@ -892,7 +892,7 @@ async fn a_batch_alone_is_readable_when_its_appender_ends_it() {
     let (log, writer, _) = ok(Log::open(dir.path(), options.clone()));
     let mut next = 0;
     for size in 1..=20 {
-        append_batch(&writer, next..next + size, false).await;
+        append_batch(&writer, next..next + size, true).await;
         next += size;
         assert_eq!(log.head().next_seq, next, "readable at once");
     }
@@ -914,7 +914,7 @@ async fn batches_written_here_and_by_the_writer_thread_keep_their_order_across_r
     let mut next = 0;
     for i in 0..300 {
         let size = i % 7 + 1;
-        append_batch(&writer, next..next + size, i % 3 == 0).await;
+        append_batch(&writer, next..next + size, i % 3 != 0).await;
         next += size;
     }
     wait_for_head(&log, next).await;

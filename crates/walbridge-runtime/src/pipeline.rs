@@ -364,8 +364,12 @@ async fn append(
             failure = appender.failed() => return Err(failure),
         };
         let Some(batch) = batch else { break };
-        // The last batch of a burst is written here, not by the log's thread.
-        appender.begin_batch(!events.is_empty());
+        // A caught-up stream's transaction is written here, not by the log's thread.
+        let commits = batch
+            .iter()
+            .filter(|e| matches!(e, SourceEvent::Commit(_)))
+            .count();
+        appender.begin_batch(commits <= 1 && events.is_empty());
         for event in batch {
             if let SourceEvent::Commit(info) = &event {
                 received.received(info.commit_time);
