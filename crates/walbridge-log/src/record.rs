@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use foldhash::fast::RandomState;
 use prost::Message as _;
 use walbridge_core::{
     Change, Column, CopyText, Datum, EventBatch, KeyOrder, LogicalMessage, Lsn, OldRow, OldRowKind,
@@ -117,7 +118,7 @@ struct RecordView {
 pub struct RecordEncoder {
     /// Keyed by the descriptor's address; the `Arc` kept in the value keeps
     /// the address from being reused.
-    relations: HashMap<usize, (Arc<Relation>, Bytes)>,
+    relations: HashMap<usize, (Arc<Relation>, Bytes), RandomState>,
 }
 
 /// Descriptors cached before the cache starts over (schema changes create
@@ -136,7 +137,7 @@ struct RecordRelations<'a> {
     /// The descriptors' addresses, in `list`'s order.
     keys: Vec<usize>,
     /// Positions in `list` by address, once there are many.
-    positions: Option<HashMap<usize, u32>>,
+    positions: Option<HashMap<usize, u32, RandomState>>,
 }
 
 impl RecordRelations<'_> {
@@ -445,7 +446,7 @@ fn change_to_pb(change: &Change, relations: &mut RecordRelations<'_>) -> pb::Cha
 /// (a table's descriptor is decoded once, and its rows share one `Arc`).
 #[derive(Debug, Default)]
 pub struct RecordDecoder {
-    relations: HashMap<Bytes, Arc<Relation>>,
+    relations: HashMap<Bytes, Arc<Relation>, RandomState>,
 }
 
 impl RecordDecoder {

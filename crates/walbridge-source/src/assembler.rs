@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use foldhash::fast::RandomState;
 use walbridge_core::{
     Change, LogicalMessage, Lsn, OldRow, OldRowKind, Origin, PgTimestamp, Relation, RelationId,
     TransactionInfo, Truncate, TruncateOptions,
@@ -270,7 +271,7 @@ struct OpenTransaction {
     origin: Option<Origin>,
     gid: Option<String>,
     /// Relation messages received inside this streamed transaction.
-    relations: HashMap<RelationId, Arc<Relation>>,
+    relations: HashMap<RelationId, Arc<Relation>, RandomState>,
     changes: ChangeBuffer,
 }
 
@@ -290,7 +291,8 @@ pub struct AssemblerStats {
 pub struct Assembler {
     spill_dir: Arc<Path>,
     spill_threshold: usize,
-    relations: HashMap<RelationId, Arc<Relation>>,
+    /// Looked up for every change: hashed with foldhash, not SipHash.
+    relations: HashMap<RelationId, Arc<Relation>, RandomState>,
     current: Option<OpenTransaction>,
     /// The transaction of the current stream block.
     stream_xid: Option<u32>,
@@ -309,7 +311,7 @@ impl Assembler {
         Assembler {
             spill_dir: spill_dir.into(),
             spill_threshold,
-            relations: HashMap::new(),
+            relations: HashMap::default(),
             current: None,
             stream_xid: None,
             streamed: HashMap::new(),
@@ -347,7 +349,7 @@ impl Assembler {
             xid,
             origin: None,
             gid,
-            relations: HashMap::new(),
+            relations: HashMap::default(),
             changes: self.new_buffer(),
         }
     }

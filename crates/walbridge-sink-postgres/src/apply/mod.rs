@@ -39,6 +39,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use foldhash::fast::RandomState;
 use tokio::sync::mpsc;
 use tokio_postgres::{Client, Statement};
 use walbridge_core::{
@@ -304,9 +305,10 @@ pub struct Applier {
     client: Arc<Client>,
     catalog: TargetCatalog,
     mapper: Mapper,
-    statements: HashMap<(usize, Shape), Prepared>,
+    /// Looked up for every change (foldhash: SipHash was a visible share).
+    statements: HashMap<(usize, Shape), Prepared, RandomState>,
     /// Batch statements by table and kind: `None` while being prepared.
-    batch_statements: HashMap<(usize, BatchKind), Option<Statement>>,
+    batch_statements: HashMap<(usize, BatchKind), Option<Statement>, RandomState>,
     batcher: Batcher,
     /// Changes of transactions ending at or before this are applied one
     /// by one (a batch failed; this finds the transaction at fault).
@@ -391,8 +393,8 @@ impl Applier {
             client: Arc::new(parts.client),
             catalog: parts.catalog,
             mapper,
-            statements: HashMap::new(),
-            batch_statements: HashMap::new(),
+            statements: HashMap::default(),
+            batch_statements: HashMap::default(),
             batcher: Batcher::default(),
             one_by_one_until,
             progress: parts.progress,
