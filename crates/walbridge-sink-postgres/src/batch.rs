@@ -82,10 +82,27 @@ pub fn bound_columns<'a>(
 /// The values of `row` a batch of `kind` binds, in [`bound_columns`]
 /// order, taken out of it (missing ones NULL).
 pub fn bound_values(map: &TableMap, kind: &BatchKind, mut row: Row) -> Vec<Datum> {
-    if matches!(kind, BatchKind::Insert(_)) {
-        // Every column in order: the row as it is.
-        row.resize(map.columns.len(), Datum::Null);
-        return row;
+    match (kind, map.identity.as_slice()) {
+        (BatchKind::Insert(_), _) => {
+            // Every column in order: the row as it is.
+            row.resize(map.columns.len(), Datum::Null);
+            return row;
+        }
+        // One key column (most tables): its place in the row's own vector,
+        // without a new one — an update's other columns in order and the key
+        // at the end, a delete's key alone.
+        (BatchKind::Update { set: None }, &[key]) if key < map.columns.len() => {
+            row.resize(map.columns.len(), Datum::Null);
+            row[key..].rotate_left(1);
+            return row;
+        }
+        (BatchKind::Delete, &[key]) if key < map.columns.len() => {
+            row.resize(map.columns.len(), Datum::Null);
+            row.swap(0, key);
+            row.truncate(1);
+            return row;
+        }
+        _ => {}
     }
     bound_columns(map, kind)
         .map(|i| {
@@ -463,6 +480,30 @@ mod tests {
         };
         assert_eq!(bound_values(&m, &update, row()), [text("b"), text("k")]);
         assert_eq!(bound_values(&m, &BatchKind::Delete, row()), [text("k")]);
+    }
+
+    /// A one-column key is moved within the row's own vector: the values
+    /// are those [`bound_columns`] names, wherever the key is, for short
+    /// rows too, and the same as a key of two columns takes them.
+    #[test]
+    fn bound_values_in_place_are_the_bound_columns_values() {
+        let full = [text("x"), text("y"), text("z")];
+        for identity in [vec![0], vec![1], vec![2], vec![2, 0]] {
+            let m = map(identity.clone(), false, true);
+            for kind in [BatchKind::Update { set: None }, BatchKind::Delete] {
+                for len in [3, 2, 1] {
+                    let row: Row = full[..len].to_vec();
+                    let expected: Vec<Datum> = bound_columns(&m, &kind)
+                        .map(|i| row.get(i).cloned().unwrap_or(Datum::Null))
+                        .collect();
+                    assert_eq!(
+                        bound_values(&m, &kind, row),
+                        expected,
+                        "{kind:?}, key {identity:?}, {len} values"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
