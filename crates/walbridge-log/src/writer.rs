@@ -447,6 +447,10 @@ impl WriterThread {
             self.in_flight.fetch_sub(applied, Ordering::AcqRel);
         }
         let mut state = self.lock()?;
+        if self.failure.borrow().is_some() {
+            // An appender's write failed: what it left is not to be written.
+            return Ok(());
+        }
         let written;
         (state, written) = self.until_room(state, &commands, WriterState::write_buffer)?;
         if written && state.unsynced {
