@@ -364,12 +364,13 @@ async fn append(
             failure = appender.failed() => return Err(failure),
         };
         let Some(batch) = batch else { break };
-        // A caught-up stream's transaction is written here, not by the log's thread.
+        // A caught-up stream's transaction is written here, not by the log's
+        // thread; a backlog, a copy's rows, a large transaction's chunks are not.
         let commits = batch
             .iter()
             .filter(|e| matches!(e, SourceEvent::Commit(_)))
             .count();
-        appender.begin_batch(commits <= 1 && events.is_empty());
+        appender.begin_batch(commits == 1 && events.is_empty());
         for event in batch {
             if let SourceEvent::Commit(info) = &event {
                 received.received(info.commit_time);
