@@ -181,7 +181,7 @@ impl LogWriter {
             .spawn(move || {
                 let result = thread.run(rx);
                 if let Err(e) = &result {
-                    thread.fail(e);
+                    report_failure(&thread.shared, &thread.failure, e);
                 }
                 result
             })
@@ -306,9 +306,7 @@ impl LogWriter {
     }
 
     fn lock(&self) -> Result<MutexGuard<'_, WriterState>, LogError> {
-        self.state
-            .lock()
-            .map_err(|_| LogError::WriterStopped("the writer thread panicked".into()))
+        lock(&self.state)
     }
 
     /// Begins a batch of appends. When it is `alone` (a caught-up stream's
@@ -347,8 +345,7 @@ impl LogWriter {
             Ok(true) => Ok(()),
             Ok(false) => self.send(Command::Write).await,
             Err(e) => {
-                tracing::error!(log = %self.shared.dir.display(), "log writer failed: {e}");
-                self.failure.send_replace(Some(e.to_string()));
+                report_failure(&self.shared, &self.failure, &e);
                 Err(e)
             }
         }
@@ -383,6 +380,21 @@ impl LogWriter {
             .map_err(|e| LogError::WriterStopped(e.to_string()))?
             .map_err(|_| LogError::WriterStopped("the writer thread panicked".into()))?
     }
+}
+
+/// The writer's state, locked by the thread or by an appender writing its
+/// own batch; a panic in either while holding it stops the writer.
+fn lock(state: &Mutex<WriterState>) -> Result<MutexGuard<'_, WriterState>, LogError> {
+    state
+        .lock()
+        .map_err(|_| LogError::WriterStopped("a writer of the log panicked".into()))
+}
+
+/// Says why the writer stopped, to the log and to whoever waits on it
+/// ([`LogWriter::failed`]); the thread writes nothing more once it is set.
+fn report_failure(shared: &Shared, failure: &watch::Sender<Option<String>>, e: &LogError) {
+    tracing::error!(log = %shared.dir.display(), "log writer failed: {e}");
+    failure.send_replace(Some(e.to_string()));
 }
 
 /// The writer thread: applies queued commands to the state.
@@ -460,14 +472,7 @@ impl WriterThread {
     }
 
     fn lock(&self) -> Result<MutexGuard<'_, WriterState>, LogError> {
-        self.state
-            .lock()
-            .map_err(|_| LogError::WriterStopped("an appender panicked while writing".into()))
-    }
-
-    fn fail(&self, e: &LogError) {
-        tracing::error!(log = %self.shared.dir.display(), "log writer failed: {e}");
-        self.failure.send_replace(Some(e.to_string()));
+        lock(&self.state)
     }
 
     /// Runs `step` until it succeeds, waiting for room while the disk is
