@@ -14,8 +14,12 @@ chmod 755 "$work"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 
 # The server refuses to run as root: use the postgres OS user then.
-as_server() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
-if [ "$(id -u)" = 0 ]; then chown postgres "$work"; fi
+# `$EUID`, not `$(id -u)`: a command substitution is a child bash waits
+# for, and a Ctrl-C arriving as that child exits normally is dropped by
+# bash (it takes the child to have handled it), so the quickstart would
+# go on instead of stopping.
+as_server() { if [ "$EUID" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+if [ "$EUID" = 0 ]; then chown postgres "$work"; fi
 
 # Args: data directory, port, extra postgresql.conf lines…
 start_postgres_in() {
