@@ -164,13 +164,9 @@ fn a_new_table_under_for_all_tables_is_copied_and_a_crash_resumes_the_copy() {
     // Killed in the middle of the copy, it goes on from its last durable
     // chunk when it starts again.
     kill_after_a_durable_chunk(&wb, running);
-    assert!(
-        !wb.log().contains("table copied while streaming"),
-        "killed before the copy ended:\n{}",
-        wb.log()
-    );
+    let seen = wb.log().len();
     let running = wb.start();
-    wb.wait_for_log("table copied while streaming", WAIT);
+    wb.wait_for_log_after(seen, "table copied while streaming", WAIT);
     stop.store(true, Ordering::Relaxed);
     writer.join().unwrap_or_else(|_| panic!("writer failed"));
     assert_same(&publisher, &subscriber, "c");
@@ -211,28 +207,45 @@ fn replicating_from(
 }
 
 /// Kills walbridge once a chunk of a copy is durable downstream (the
-/// source's state says how far the copy is).
+/// source's state says how far the copy is), and checks that the copy was
+/// not durable whole by then, so the next start has to resume it.
 fn kill_after_a_durable_chunk(wb: &Deployment, running: walbridge_tests::walbridge::Running) {
-    let state = wb.path().join("data/sources/src/state.json");
+    // Status shows the copy while the source reads it. Looked at first:
+    // the source can have read the whole table (and dropped it from the
+    // status) before the sink has made its first chunk durable.
+    let admin = wb.admin_address(WAIT);
     let deadline = Instant::now() + WAIT;
-    let durable = || {
+    loop {
+        let (code, body) = walbridge_tests::admin::get(&admin, "/status");
+        assert_eq!(code, 200, "{body}");
+        let status: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+        let copies = &status["sources"][0]["copies"];
+        if copies[0]["table"].is_string() && copies[0]["rows"].as_u64() > Some(0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "status never showed the copy: {copies}\n{}",
+            wb.log()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let state = wb.path().join("data/sources/src/state.json");
+    let stored = || {
         let text = std::fs::read_to_string(&state).unwrap_or_default();
-        serde_json::from_str::<Value>(&text).is_ok_and(|s| s["copies"][0]["after"].is_array())
+        serde_json::from_str::<Value>(&text).unwrap_or(Value::Null)
     };
-    while !durable() {
+    while !stored()["copies"][0]["after"].is_array() {
         assert!(Instant::now() < deadline, "no chunk durable:\n{}", wb.log());
         std::thread::sleep(Duration::from_millis(2));
     }
-    // Status shows the copy under way.
-    let (code, body) = walbridge_tests::admin::get(&wb.admin_address(WAIT), "/status");
-    assert_eq!(code, 200, "{body}");
-    let status: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
-    let copies = &status["sources"][0]["copies"];
-    assert!(
-        copies[0]["table"].is_string() && copies[0]["rows"].as_u64() > Some(0),
-        "{copies}"
-    );
     running.kill();
+    assert!(
+        stored()["copies"][0]["table"].is_string(),
+        "killed after the copy was durable whole: {}\n{}",
+        stored(),
+        wb.log()
+    );
 }
 
 /// Waits until `table` (columns `id`, `v`) on the subscriber equals the
@@ -294,13 +307,9 @@ fn resync_repairs_a_damaged_table_while_writes_go_on_and_survives_a_crash() {
         walbridge_tests::printed(&asked)
     );
     kill_after_a_durable_chunk(&wb, running);
-    assert!(
-        !wb.log().contains("table copied while streaming"),
-        "killed before the copy ended:\n{}",
-        wb.log()
-    );
+    let seen = wb.log().len();
     let running = wb.start();
-    wb.wait_for_log("table copied while streaming", WAIT);
+    wb.wait_for_log_after(seen, "table copied while streaming", WAIT);
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
     writer.join().unwrap_or_else(|_| panic!("writer failed"));
