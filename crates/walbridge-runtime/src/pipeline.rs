@@ -802,10 +802,11 @@ impl Feeder {
                         events: Vec::new(),
                     };
                     let mut next = Some(record);
-                    let mut bytes = 0;
+                    let (mut bytes, mut records) = (0, 0);
                     // Small records travel together: one hand-over per batch, not per transaction.
                     while let Some(record) = next.take() {
                         bytes += record.size;
+                        records += 1;
                         record.entry.push_events(&mut routed.events);
                         routed.position = record.unit_end.then_some(LogPosition {
                             next: record.seq + 1,
@@ -816,6 +817,13 @@ impl Feeder {
                         }
                         if routed.events.len() < FEED_BATCH && bytes < FEED_BYTES {
                             next = self.reader.try_next().map_err(failed)?;
+                            if next.is_some() && records == 1 {
+                                // A backlog: room for a whole hand-over at once,
+                                // not a vector grown (and copied) record by record.
+                                let per_record = routed.events.len().max(1);
+                                routed.events.reserve(FEED_BATCH);
+                                routed.boundaries.reserve(FEED_BATCH / per_record);
+                            }
                         }
                     }
                     let handed = SinkEvents::tally(&routed.events);
