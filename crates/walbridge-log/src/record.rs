@@ -119,6 +119,9 @@ pub struct RecordEncoder {
     /// Keyed by the descriptor's address; the `Arc` kept in the value keeps
     /// the address from being reused.
     relations: HashMap<usize, (Arc<Relation>, Bytes), RandomState>,
+    /// A record's relation list and their addresses, kept between records
+    /// (emptied) so that each record does not allocate them anew.
+    scratch: (Vec<Bytes>, Vec<usize>),
 }
 
 /// Descriptors cached before the cache starts over (schema changes create
@@ -182,12 +185,24 @@ impl RecordRelations<'_> {
     }
 }
 
+impl Drop for RecordRelations<'_> {
+    fn drop(&mut self) {
+        self.list.clear();
+        self.keys.clear();
+        self.encoder.scratch = (
+            std::mem::take(&mut self.list),
+            std::mem::take(&mut self.keys),
+        );
+    }
+}
+
 impl RecordEncoder {
     fn relations(&mut self) -> RecordRelations<'_> {
+        let (list, keys) = std::mem::take(&mut self.scratch);
         RecordRelations {
             encoder: self,
-            list: Vec::new(),
-            keys: Vec::new(),
+            list,
+            keys,
             positions: None,
         }
     }
@@ -208,7 +223,7 @@ impl RecordEncoder {
     pub fn snapshot(&mut self, batch: &SnapshotBatch) -> Vec<u8> {
         let mut relations = self.relations();
         relations.index(&batch.relation);
-        let list = relations.list;
+        let list = std::mem::take(&mut relations.list);
         let body = pb::record::Body::Snapshot(pb::SnapshotRows {
             consistent_point: batch.consistent_point.0,
             rows: Vec::new(),

@@ -58,7 +58,7 @@ fn generated(info: &TransactionInfo, first: bool, last: bool, changes: &[Change]
             .map(|c| change_to_pb(c, &mut relations))
             .collect(),
     });
-    finish(relations.list, body)
+    finish(std::mem::take(&mut relations.list), body)
 }
 
 #[test]
@@ -207,7 +207,7 @@ fn format_1_snapshot_rows_read_as_copy_text() {
     let mut relations = encoder.relations();
     relations.index(&relation(3, "c"));
     let payload = finish(
-        relations.list,
+        std::mem::take(&mut relations.list),
         pb::record::Body::Snapshot(pb::SnapshotRows {
             consistent_point: 500,
             rows: rows.iter().map(row_to_pb).collect(),
