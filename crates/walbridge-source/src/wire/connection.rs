@@ -688,19 +688,24 @@ pub async fn connect_sql(
 /// of up to 512 bytes lies in the same allocation as the reference count
 /// its slices share (one allocation and one free per message, where a
 /// copied vector takes a second for the count when its first value is
-/// sliced). Sizes go in steps of a half: at most 128 bytes of a buffer
-/// are unused, about what the second allocation took (the memory a change
-/// is counted for in `Change::approximate_size` stays right). A longer
-/// message is copied: its two allocations are little next to its bytes.
+/// sliced). Sizes go in steps of 32 bytes up to 192, then of 64: at most
+/// 63 bytes of a buffer are unused, which with the count's 24 stays within
+/// what `Change::approximate_size` counts for the message around a change's
+/// values (96 bytes; the second allocation and the vector's rounding took
+/// about as much). A longer message is copied: its two allocations are
+/// little next to its bytes.
 fn own_buffer(data: &[u8]) -> Bytes {
     match data.len() {
         0..=64 => inline::<64>(data),
         65..=96 => inline::<96>(data),
         97..=128 => inline::<128>(data),
-        129..=192 => inline::<192>(data),
+        129..=160 => inline::<160>(data),
+        161..=192 => inline::<192>(data),
         193..=256 => inline::<256>(data),
-        257..=384 => inline::<384>(data),
-        385..=512 => inline::<512>(data),
+        257..=320 => inline::<320>(data),
+        321..=384 => inline::<384>(data),
+        385..=448 => inline::<448>(data),
+        449..=512 => inline::<512>(data),
         _ => Bytes::copy_from_slice(data),
     }
 }
