@@ -122,7 +122,14 @@ fn stop_quickstart(moment: Moment, signal: i32, whole_group: bool) {
     }
     let stopped = Instant::now() + WAIT;
     while child.try_wait().ok().flatten().is_none() {
-        assert!(Instant::now() < stopped, "the quickstart did not stop");
+        if Instant::now() >= stopped {
+            // What it printed since, and what still runs, say where it hung.
+            seen.extend(rx.try_iter().map(|(_, line)| line + "\n"));
+            panic!(
+                "the quickstart did not stop; it printed:\n{seen}\nstill running:\n{}",
+                processes_using(&work).join("\n")
+            );
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
     // Anything it started is gone with it (the server stops asynchronously
