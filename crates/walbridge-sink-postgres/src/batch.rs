@@ -82,34 +82,29 @@ pub fn bound_columns<'a>(
 /// The values of `row` a batch of `kind` binds, in [`bound_columns`]
 /// order, taken out of it (missing ones NULL).
 pub fn bound_values(map: &TableMap, kind: &BatchKind, mut row: Row) -> Vec<Datum> {
+    row.resize(map.columns.len(), Datum::Null);
     match (kind, map.identity.as_slice()) {
-        (BatchKind::Insert(_), _) => {
-            // Every column in order: the row as it is.
-            row.resize(map.columns.len(), Datum::Null);
-            return row;
-        }
+        // Every column in order: the row as it is.
+        (BatchKind::Insert(_), _) => row,
         // One key column (most tables): its place in the row's own vector,
         // without a new one — an update's other columns in order and the key
         // at the end, a delete's key alone.
-        (BatchKind::Update { set: None }, &[key]) if key < map.columns.len() => {
-            row.resize(map.columns.len(), Datum::Null);
+        (BatchKind::Update { set: None }, &[key]) if key < row.len() => {
             row[key..].rotate_left(1);
-            return row;
+            row
         }
-        (BatchKind::Delete, &[key]) if key < map.columns.len() => {
-            row.resize(map.columns.len(), Datum::Null);
+        (BatchKind::Delete, &[key]) if key < row.len() => {
             row.swap(0, key);
             row.truncate(1);
-            return row;
+            row
         }
-        _ => {}
+        _ => bound_columns(map, kind)
+            .map(|i| {
+                row.get_mut(i)
+                    .map_or(Datum::Null, |d| std::mem::replace(d, Datum::Null))
+            })
+            .collect(),
     }
-    bound_columns(map, kind)
-        .map(|i| {
-            row.get_mut(i)
-                .map_or(Datum::Null, |d| std::mem::replace(d, Datum::Null))
-        })
-        .collect()
 }
 
 /// The type of each parameter of the statement of `kind` on `map`: the
