@@ -212,6 +212,20 @@ fn metrics_status_and_readiness_follow_a_sink_stopped_on_a_conflict() {
         let labels = [("source", "src"), ("from", from)];
         value(samples, "walbridge_log_records_read_total", &labels)
     };
+    // The log's fsyncs, by who made them: the copy's by the writer thread.
+    let syncs = |samples: &[Sample], by: &str| {
+        let labels = [("source", "src"), ("by", by)];
+        value(samples, "walbridge_log_syncs_total", &labels)
+    };
+    assert!(
+        syncs(&samples, "writer").is_some_and(|n| n >= 1.0),
+        "{samples:#?}"
+    );
+    let synced = |samples: &[Sample]| {
+        syncs(samples, "appender").unwrap_or(f64::NAN)
+            + syncs(samples, "writer").unwrap_or(f64::NAN)
+    };
+    let synced_before = synced(&samples);
     let before = read(&samples, "memory").unwrap_or(f64::NAN);
     for id in 21..=25 {
         publisher.psql(&format!("INSERT INTO t VALUES ({id}, 'streamed')"));
@@ -222,6 +236,13 @@ fn metrics_status_and_readiness_follow_a_sink_stopped_on_a_conflict() {
         read(&samples, "memory").map(|n| n - before),
         Some(5.0),
         "{samples:#?}"
+    );
+    // Made durable by fsyncs, never more than one per transaction (those
+    // that reached walbridge together share one).
+    let more = synced(&samples) - synced_before;
+    assert!(
+        (1.0..=5.0).contains(&more),
+        "{synced_before} then {more} more"
     );
     // The copy was read from the file.
     assert!(

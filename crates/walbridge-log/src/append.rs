@@ -56,8 +56,8 @@ impl Appender {
         self.writer.failed().await
     }
 
-    /// Begins a batch of events; one `alone` (a single transaction,
-    /// nothing waiting after it) is written here, at
+    /// Begins a batch of events; one `alone` (whole transactions of a
+    /// caught-up stream, nothing waiting after them) is written here, at
     /// [`Appender::end_batch`], while the log's writer is idle (see
     /// [`LogWriter::begin_batch`]).
     pub fn begin_batch(&self, alone: bool) {

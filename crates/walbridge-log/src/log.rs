@@ -171,6 +171,10 @@ pub(crate) struct Shared {
     pub read_from_memory: AtomicU64,
     /// Records readers read from the file.
     pub read_from_file: AtomicU64,
+    /// Fsyncs of the records made by an appender writing its own batch …
+    pub synced_by_appender: AtomicU64,
+    /// … and by the writer thread.
+    pub synced_by_writer: AtomicU64,
 }
 
 impl Shared {
@@ -259,6 +263,8 @@ impl Log {
             handoff: Handoff::new(head.next_seq),
             read_from_memory: AtomicU64::new(0),
             read_from_file: AtomicU64::new(0),
+            synced_by_appender: AtomicU64::new(0),
+            synced_by_writer: AtomicU64::new(0),
         });
         let writer = LogWriter::start(shared.clone(), active, tail.valid_end, tail.index, head)?;
         Ok((Log { shared }, writer, recovery))
@@ -270,6 +276,15 @@ impl Log {
         (
             self.shared.read_from_memory.load(Ordering::Relaxed),
             self.shared.read_from_file.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Fsyncs of its records since it was opened: `(by an appender writing
+    /// its own batch, by the writer thread)` (see [`LogWriter::begin_batch`]).
+    pub fn syncs(&self) -> (u64, u64) {
+        (
+            self.shared.synced_by_appender.load(Ordering::Relaxed),
+            self.shared.synced_by_writer.load(Ordering::Relaxed),
         )
     }
 

@@ -8,8 +8,9 @@
 //! segments are written into zeros made ahead ([`crate::spare`]), so that
 //! the `fdatasync` has no file length to make durable.
 //!
-//! Written here: an appender whose batch is one transaction with nothing
-//! waiting after it ([`LogWriter::begin_batch`]) writes and fsyncs it
+//! Written here: an appender whose batch is a caught-up stream's
+//! transactions, nothing waiting after them ([`LogWriter::begin_batch`]: one,
+//! or the few a publisher sends back to back), writes and fsyncs it
 //! itself, on its own thread, when nothing is queued for the writer thread
 //! and its last fsync was quick ([`QUICK_SYNC`]). On a steady stream that spares each
 //! transaction two wake-ups of another thread (the writer's, then the
@@ -310,7 +311,7 @@ impl LogWriter {
     }
 
     /// Begins a batch of appends. When it is `alone` (a caught-up stream's
-    /// single transaction, nothing waiting after it), nothing is queued for
+    /// transactions, nothing waiting after them), nothing is queued for
     /// the writer thread and its last fsync was quick, the batch is written
     /// and fsynced here, by [`LogWriter::end_batch`], instead of by the
     /// writer thread (see the module's docs). A backlog's batches are not
@@ -333,7 +334,7 @@ impl LogWriter {
         let written = {
             let mut state = self.lock()?;
             match state.write_buffer() {
-                Ok(()) => state.sync_as_due(false).map(|()| {
+                Ok(()) => state.sync_as_due(false, Syncer::Appender).map(|()| {
                     state.publish();
                     true
                 }),
@@ -380,6 +381,15 @@ impl LogWriter {
             .map_err(|e| LogError::WriterStopped(e.to_string()))?
             .map_err(|_| LogError::WriterStopped("the writer thread panicked".into()))?
     }
+}
+
+/// Who fsyncs the log's records (counted apart: see [`Log::syncs`]).
+#[derive(Clone, Copy)]
+enum Syncer {
+    /// An appender writing its own batch ([`LogWriter::end_batch`]).
+    Appender,
+    /// The writer thread.
+    Writer,
 }
 
 /// The writer's state, locked by the thread or by an appender writing its
@@ -452,7 +462,7 @@ impl WriterThread {
             if !written {
                 return Ok(());
             }
-            state.sync_as_due(sync_due)?;
+            state.sync_as_due(sync_due, Syncer::Writer)?;
             state.publish();
             self.queued.add_permits(released);
             // Under the lock: an appender that finds nothing in flight finds it all written.
@@ -466,7 +476,7 @@ impl WriterThread {
         let written;
         (state, written) = self.until_room(state, &commands, WriterState::write_buffer)?;
         if written && state.unsynced {
-            state.sync()?;
+            state.sync(Syncer::Writer)?;
         }
         Ok(())
     }
@@ -656,12 +666,17 @@ impl WriterState {
         Ok(())
     }
 
-    fn sync(&mut self) -> Result<(), LogError> {
+    fn sync(&mut self, by: Syncer) -> Result<(), LogError> {
         let started = Instant::now();
         self.file.sync_data().map_err(LogError::io(
             "fsync",
             segment_path(&self.shared.dir, self.base),
         ))?;
+        match by {
+            Syncer::Appender => &self.shared.synced_by_appender,
+            Syncer::Writer => &self.shared.synced_by_writer,
+        }
+        .fetch_add(1, Ordering::Relaxed);
         self.unsynced = false;
         self.last_sync = Instant::now();
         self.sync_took = self.last_sync - started;
@@ -669,13 +684,13 @@ impl WriterState {
     }
 
     /// Fsyncs what is written, if the policy says it is time (or `due`).
-    fn sync_as_due(&mut self, due: bool) -> Result<(), LogError> {
+    fn sync_as_due(&mut self, due: bool, by: Syncer) -> Result<(), LogError> {
         let time = match self.shared.options.fsync {
             FsyncPolicy::Always => true,
             FsyncPolicy::Interval(every) => due || self.last_sync.elapsed() >= every,
         };
         if time && self.unsynced {
-            self.sync()?;
+            self.sync(by)?;
         }
         Ok(())
     }
@@ -692,7 +707,7 @@ impl WriterState {
             self.allocated = self.len;
             self.unsynced = true;
         }
-        self.sync()?;
+        self.sync(Syncer::Writer)?;
         let dir = self.shared.dir.clone();
         if let Err(e) = segment::store_index(&index_path(&dir, self.base), &self.index.entries) {
             tracing::warn!(

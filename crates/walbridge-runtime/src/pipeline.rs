@@ -46,6 +46,12 @@ use walbridge_core::describe;
 /// Event batches (up to 256 events each) queued between a source and its log.
 const QUEUE: usize = 64;
 
+/// Batches the appender takes at once: up to this many queued transactions
+/// still count as caught up (the publisher sends the transactions of one
+/// WAL flush back to back), and are written with one fsync by the
+/// appender; more is a backlog, written by the log's thread.
+const BURST: usize = 8;
+
 /// Hand-overs queued between a feeder and its sink: each holds up to
 /// [`FEED_BATCH`] events and [`FEED_BYTES`] of records, or one log record
 /// (a chunk of up to about 1 MiB).
@@ -358,20 +364,31 @@ async fn append(
     mut appender: Appender,
     received: SourceDelay,
 ) -> Result<(), walbridge_log::LogError> {
+    let mut burst: Vec<EventBatch> = Vec::with_capacity(BURST);
     loop {
         let batch = tokio::select! {
             batch = events.recv() => batch,
             failure = appender.failed() => return Err(failure),
         };
         let Some(batch) = batch else { break };
-        // A caught-up stream's transaction is written here, not by the log's
+        burst.push(batch);
+        while burst.len() < BURST
+            && let Ok(batch) = events.try_recv()
+        {
+            burst.push(batch);
+        }
+        // A caught-up stream's transactions (one, or the few the publisher
+        // sent together) are written here, with one fsync, not by the log's
         // thread; a backlog, a copy's rows, a large transaction's chunks are not.
-        let commits = batch
-            .iter()
-            .filter(|e| matches!(e, SourceEvent::Commit(_)))
-            .count();
-        appender.begin_batch(commits == 1 && events.is_empty());
-        for event in batch {
+        let whole_transactions = burst.iter().all(|batch| {
+            batch
+                .iter()
+                .filter(|e| matches!(e, SourceEvent::Commit(_)))
+                .count()
+                == 1
+        });
+        appender.begin_batch(whole_transactions && events.is_empty());
+        for event in burst.drain(..).flatten() {
             if let SourceEvent::Commit(info) = &event {
                 received.received(info.commit_time);
             }
@@ -968,6 +985,65 @@ mod tests {
                 Ok(())
             })
         }
+    }
+
+    /// Transaction `i` as the source hands it over: one batch, `Begin`, a
+    /// message, `Commit`.
+    fn transaction(i: u64) -> EventBatch {
+        let info = Arc::new(walbridge_core::TransactionInfo {
+            xid: i as u32,
+            commit_lsn: Lsn(i * 100),
+            end_lsn: Lsn(i * 100 + 8),
+            commit_time: PgTimestamp(i as i64),
+            origin: None,
+            gid: None,
+            for_sink: None,
+        });
+        let message = LogicalMessage {
+            lsn: Lsn(i * 100 - 50),
+            transactional: true,
+            prefix: format!("t{i}"),
+            content: Default::default(),
+        };
+        vec![
+            SourceEvent::Begin(info.clone()),
+            SourceEvent::Change(walbridge_core::Change::Message(message)),
+            SourceEvent::Commit(info),
+        ]
+    }
+
+    /// Runs the appender over `count` transactions all queued before it
+    /// starts; returns the log's fsyncs (by the appender, by the writer
+    /// thread) once every transaction is readable, in order.
+    async fn append_queued(count: u64) -> (u64, u64) {
+        let dir = ok(tempfile::tempdir());
+        let (log, writer, _) = ok(Log::open(dir.path(), LogOptions::default()));
+        let (events, queued) = mpsc::channel(QUEUE);
+        for i in 1..=count {
+            ok(events.send(transaction(i)).await);
+        }
+        drop(events);
+        ok(append(queued, Appender::new(writer), SourceDelay::new("test")).await);
+        let mut reader = ok(log.reader(log.first_seq()));
+        let mut lsns = Vec::new();
+        while let Some(record) = ok(reader.try_next()) {
+            lsns.push(record.lsn);
+        }
+        let expected: Vec<Lsn> = (1..=count).map(|i| Lsn(i * 100 + 8)).collect();
+        assert_eq!(lsns, expected, "every transaction, in order");
+        log.syncs()
+    }
+
+    /// The few transactions a publisher sends back to back (one WAL flush)
+    /// are a caught-up stream's: the appender writes them with one fsync
+    /// of its own, no wake-up of the writer thread. More than [`BURST`] is a
+    /// backlog, which the thread writes while the next batches are read.
+    #[tokio::test]
+    async fn transactions_that_came_together_are_written_with_one_fsync_by_the_appender() {
+        assert_eq!(append_queued(3).await, (1, 0));
+        assert_eq!(append_queued(BURST as u64).await, (1, 0));
+        let (_, by_writer) = append_queued(3 * BURST as u64).await;
+        assert!(by_writer >= 1, "a backlog goes to the writer thread");
     }
 
     #[tokio::test]

@@ -591,6 +591,10 @@ impl Observed {
             "walbridge_log_records_read_total",
             "Records of the source's log its readers (sinks' feeders, feed sessions) returned since walbridge started, by where from: memory (handed over by the writer to a reader that keeps up) or file."
         );
+        describe_counter!(
+            "walbridge_log_syncs_total",
+            "Fsyncs of the source's log's records since walbridge started, by who made them: appender (a caught-up stream's transactions, written by the task that appends them) or writer (the log's writer thread: a backlog, the initial copy, a large transaction, a slow disk)."
+        );
         describe_gauge!(
             "walbridge_log_start_lsn",
             format!(
@@ -717,6 +721,11 @@ impl Observed {
                 .absolute(from_memory);
             counter!("walbridge_log_records_read_total", "source" => name.clone(), "from" => "file")
                 .absolute(from_file);
+            let (by_appender, by_writer) = source.log.syncs();
+            counter!("walbridge_log_syncs_total", "source" => name.clone(), "by" => "appender")
+                .absolute(by_appender);
+            counter!("walbridge_log_syncs_total", "source" => name.clone(), "by" => "writer")
+                .absolute(by_writer);
             if let Some(start) = status.log.start_lsn {
                 gauge!("walbridge_log_start_lsn", "source" => name.clone()).set(start.0 as f64);
             }
