@@ -309,8 +309,8 @@ fn push_element(out: &mut BytesMut, datum: &Datum) {
     };
     out.put_u8(b'"');
     let mut start = 0;
-    // memchr's vector search: most values hold neither byte, and a
-    // byte-by-byte loop was most of the arrays' cost.
+    // memchr's vector search: most values hold neither byte, and a long
+    // one (a row's text) was scanned byte by byte.
     for i in memchr::memchr2_iter(b'"', b'\\', text) {
         out.put_slice(&text[start..i]);
         out.put_u8(b'\\');
