@@ -369,6 +369,74 @@ fn changes_to_rows_missing_on_the_target_are_skipped_and_counted() {
 }
 
 #[test]
+fn a_small_group_goes_to_the_target_as_one_query() {
+    let r = Replication::new("CREATE TABLE t (id int PRIMARY KEY, v text, n int)");
+    let (p, s) = (&r.publisher, &r.subscriber);
+    p.psql("CREATE PUBLICATION pub FOR TABLE t");
+    // Acknowledged at COMMIT: no later query for the WAL's flush on the
+    // apply session, whose last query is then the group's.
+    r.configure(&["pub"], "", "synchronous_commit = \"on\"");
+    let running = r.start();
+    p.wait_for_streaming(WAIT);
+    let last_query = || {
+        s.psql(
+            "SELECT query FROM pg_stat_activity \
+             WHERE query LIKE 'BEGIN;%' AND pid <> pg_backend_pid()",
+        )
+    };
+    // Values whose literals need their quotes doubled (backslashes and
+    // the array's own quoting are taken as they are), and a NULL.
+    p.psql(r#"INSERT INTO t VALUES (1, 'it''s \ "quoted" {a,b}', NULL), (2, '', 2)"#);
+    r.wait_subscriber("SELECT count(*) FROM t", "2");
+    assert_eq!(
+        s.psql("SELECT string_agg(id || '=' || v || '/' || coalesce(n::text, 'null'), ',' ORDER BY id) FROM t"),
+        r#"1=it's \ "quoted" {a,b}/null,2=/2"#
+    );
+    let first = last_query();
+    assert!(
+        first.starts_with("BEGIN; PREPARE walbridge_batch_0 AS INSERT INTO")
+            && first.contains("; EXECUTE walbridge_batch_0(")
+            && first.contains("; COMMIT"),
+        "{first}"
+    );
+    // An update and a delete, each a batch of its own; one of them finds
+    // no row, and is counted from the query's results.
+    s.psql("DELETE FROM t WHERE id = 2");
+    p.psql("BEGIN; UPDATE t SET n = 7 WHERE id IN (1, 2); DELETE FROM t WHERE id = 1; COMMIT");
+    r.wait_subscriber("SELECT count(*) FROM t", "0");
+    let second = last_query();
+    assert!(
+        second.starts_with("BEGIN; PREPARE walbridge_batch_1 AS UPDATE")
+            && second.contains("; PREPARE walbridge_batch_2 AS DELETE"),
+        "{second}"
+    );
+    // A statement prepared once is executed from then on.
+    p.psql("INSERT INTO t VALUES (3, 'again', 3)");
+    r.wait_subscriber("SELECT count(*) FROM t", "1");
+    let third = last_query();
+    assert!(
+        third.starts_with("BEGIN; EXECUTE walbridge_batch_0("),
+        "{third}"
+    );
+    let samples = metrics(&r.wb.admin_address(WAIT));
+    assert_eq!(
+        value(
+            &samples,
+            "walbridge_postgres_missing_rows_total",
+            &[
+                ("sink", "replica"),
+                ("source", "src"),
+                ("operation", "update")
+            ]
+        ),
+        Some(1.0),
+        "{samples:#?}"
+    );
+    let status = running.stop(WAIT);
+    assert!(status.success(), "exit {status}; log:\n{}", r.wb.log());
+}
+
+#[test]
 fn toasted_values_stay_intact_when_other_columns_change() {
     let r = Replication::new(
         "CREATE TABLE docs (id int PRIMARY KEY, body text, n int);

@@ -16,6 +16,6 @@ pub mod tls;
 pub use params::{ConnParams, Host, ParamsError, SessionAttrs, SslMode, endpoint_display};
 pub use sql::{
     ConnectError, SESSION_SETTINGS, connect_sql, describe_pg_error, parse_server_version,
-    quote_ident, quote_literal, quote_qualified,
+    push_literal, quote_ident, quote_literal, quote_qualified,
 };
 pub use tls::{PgTls, TlsError, TlsSettings};

@@ -7,14 +7,17 @@ use crate::tls::{PgTls, TlsError, TlsSettings};
 /// Session settings sent at start-up to every connection walbridge opens,
 /// so values are rendered the same way by the walsender and by snapshot
 /// COPY, and parsed back the same way by the postgres sink: ISO dates,
-/// ISO 8601 intervals, UTC offsets, shortest exact floats, hex bytea.
-pub const SESSION_SETTINGS: [(&str, &str); 6] = [
+/// ISO 8601 intervals, UTC offsets, shortest exact floats, hex bytea; and
+/// string constants with backslashes as they are (what [`quote_literal`]
+/// writes for).
+pub const SESSION_SETTINGS: [(&str, &str); 7] = [
     ("client_encoding", "UTF8"),
     ("DateStyle", "ISO"),
     ("IntervalStyle", "iso_8601"),
     ("TimeZone", "UTC"),
     ("extra_float_digits", "3"),
     ("bytea_output", "hex"),
+    ("standard_conforming_strings", "on"),
 ];
 
 /// An SQL connection could not be opened.
@@ -107,7 +110,23 @@ pub fn quote_qualified(schema: &str, name: &str) -> String {
 
 /// Quotes an SQL string literal.
 pub fn quote_literal(value: &str) -> String {
-    format!("'{}'", value.replace('\'', "''"))
+    let mut quoted = String::with_capacity(value.len() + 2);
+    push_literal(&mut quoted, value);
+    quoted
+}
+
+/// Appends `value` to `sql` as a string literal (quotes doubled; see
+/// [`SESSION_SETTINGS`] for backslashes).
+pub fn push_literal(sql: &mut String, value: &str) {
+    sql.push('\'');
+    let mut rest = value;
+    while let Some(at) = rest.find('\'') {
+        sql.push_str(&rest[..=at]);
+        sql.push('\'');
+        rest = &rest[at + 1..];
+    }
+    sql.push_str(rest);
+    sql.push('\'');
 }
 
 /// Drives a tokio-postgres connection in the background until it ends.
@@ -237,5 +256,11 @@ mod tests {
         assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
         assert_eq!(quote_qualified("s", "t"), "\"s\".\"t\"");
         assert_eq!(quote_literal("it's"), "'it''s'");
+        assert_eq!(quote_literal("''a'"), "'''''a'''");
+        assert_eq!(quote_literal(r#"{"\\'"}"#), r#"'{"\\''"}'"#);
+        let mut sql = "EXECUTE s(".to_owned();
+        push_literal(&mut sql, "");
+        sql.push(')');
+        assert_eq!(sql, "EXECUTE s('')");
     }
 }

@@ -214,6 +214,11 @@ impl Batch {
         self.rows.is_empty()
     }
 
+    /// Bytes of its values.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
     /// The statement's parameters: one text array literal per bound
     /// column, rows in [`Batch::send_order`].
     pub fn arrays(&self) -> Vec<Datum> {

@@ -35,6 +35,14 @@ pub enum Reply {
     },
     /// A statement prepared.
     Prepared(tokio_postgres::Statement),
+    /// A group in one query: the rows each of its batches affected, and
+    /// what its COMMIT returned.
+    Group {
+        /// Per batch, in order.
+        rows: Vec<u64>,
+        /// [`Reply::Wal`], or [`Reply::Rows`] when it read no positions.
+        commit: Box<Reply>,
+    },
 }
 
 /// What a request returned, or why it failed.

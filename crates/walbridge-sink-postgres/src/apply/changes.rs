@@ -295,7 +295,8 @@ impl Applier {
         txn: Arc<TransactionInfo>,
         replace: bool,
     ) -> Result<(), SinkError> {
-        self.ensure_open().await?;
+        // Its BEGIN goes with the first statement sent.
+        self.open_group();
         self.group.changes += 1;
         let values = bound_values(map, &kind, row);
         let row = BatchRow { key, values, txn };
@@ -315,6 +316,7 @@ impl Applier {
             if batch.is_empty() {
                 continue;
             }
+            self.ensure_open().await?;
             let statement = self.batch_statement(&batch.map, &batch.kind).await?;
             let params: Vec<Param> = batch.arrays().into_iter().map(Param).collect();
             let bytes = params.iter().map(|p| p.0.len()).sum();

@@ -39,6 +39,11 @@ impl Applier {
     /// source transaction it stopped on when the data is the cause.
     pub(super) async fn failure(&mut self, purpose: Purpose, failed: Failed) -> SinkError {
         let code = failed.error.code().map(|c| c.code().to_owned());
+        let purpose = match purpose {
+            // Only its COMMIT's statements could fail.
+            Purpose::Group { batches, commit } if batches.is_empty() => Purpose::Commit(commit),
+            purpose => purpose,
+        };
         let (txn, table) = match &purpose {
             Purpose::Control(what) => {
                 return SinkError::Target {
@@ -69,6 +74,37 @@ impl Applier {
                         };
                     }
                 }
+            }
+            Purpose::Group { batches, commit } => {
+                // Which of its statements failed is not known.
+                let tables = batches
+                    .iter()
+                    .filter_map(|b| match b {
+                        Purpose::Batch { map, .. } => Some(map.target.display()),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let last_txn = commit
+                    .last_txn
+                    .as_ref()
+                    .filter(|_| !transient(code.as_deref()));
+                let Some(txn) = last_txn else {
+                    return SinkError::Target {
+                        what: format!(
+                            "applying {} changes to {tables} and committing",
+                            commit.changes
+                        ),
+                        source: failed.error,
+                    };
+                };
+                self.state
+                    .set_one_by_one_until(&self.source.name, Some(txn.end_lsn));
+                return SinkError::Batch {
+                    table: tables,
+                    rows: commit.changes,
+                    message: describe_pg_error(&failed.error),
+                };
             }
             Purpose::Prepare { sql, table, .. } => {
                 return SinkError::Target {
@@ -144,6 +180,7 @@ impl Applier {
             | Purpose::Stale { .. }
             | Purpose::Control(_)
             | Purpose::Commit(_)
+            | Purpose::Group { .. }
             | Purpose::Prepare { .. }
             | Purpose::Batch { .. } => SinkError::Apply {
                 table,

@@ -32,6 +32,7 @@
 mod changes;
 mod ddl;
 mod failure;
+mod one_query;
 mod snapshot;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -89,6 +90,12 @@ enum Purpose {
     },
     /// The COMMIT of a group.
     Commit(Box<Committed>),
+    /// A whole group in one query: its BEGIN, batches (each a
+    /// [`Purpose::Batch`]) and COMMIT (see [`one_query`]).
+    Group {
+        batches: Vec<Purpose>,
+        commit: Box<Committed>,
+    },
     /// Preparing a batch statement; until it is ready the statement runs
     /// unnamed, in the same message as its values (no round trip of its
     /// own, which would wait for everything in flight before it).
@@ -148,8 +155,10 @@ struct Misses {
 /// The target transaction being built.
 #[derive(Default)]
 struct Group {
-    /// BEGIN was sent.
+    /// It has begun: a change or the copy is in it.
     open: bool,
+    /// Its BEGIN was sent (a group of batches only sends it with them).
+    begun: bool,
     started: Option<Instant>,
     changes: usize,
     bytes: usize,
@@ -268,26 +277,31 @@ fn commit_reading_wal(
                 error,
                 params: Vec::new(),
             })?;
-        // The last row is the positions' (the commit may return one too).
-        let row = messages.iter().rev().find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
-            _ => None,
-        });
-        let lsn = |i: usize| {
-            row.and_then(|r| r.get(i))
-                .and_then(|t| t.parse::<Lsn>().ok())
-        };
-        match (lsn(0), lsn(1)) {
-            (Some(written), Some(flushed)) => Ok(Reply::Wal { written, flushed }),
-            // Never guess where the commit ends (a guess too low would
-            // acknowledge it before it is flushed): a later commit's
-            // acknowledgement covers this one.
-            _ => {
-                tracing::warn!("the target did not return its WAL positions after a commit");
-                Ok(Reply::Rows(0))
-            }
-        }
+        Ok(wal_read(&messages))
     })
+}
+
+/// The WAL positions [`WAL_POSITIONS`], ending a query that committed, read.
+fn wal_read(messages: &[tokio_postgres::SimpleQueryMessage]) -> Reply {
+    // The last row is the positions' (the commit may return one too).
+    let row = messages.iter().rev().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
+        _ => None,
+    });
+    let lsn = |i: usize| {
+        row.and_then(|r| r.get(i))
+            .and_then(|t| t.parse::<Lsn>().ok())
+    };
+    match (lsn(0), lsn(1)) {
+        (Some(written), Some(flushed)) => Reply::Wal { written, flushed },
+        // Never guess where the commit ends (a guess too low would
+        // acknowledge it before it is flushed): a later commit's
+        // acknowledgement covers this one.
+        _ => {
+            tracing::warn!("the target did not return its WAL positions after a commit");
+            Reply::Rows(0)
+        }
+    }
 }
 
 /// The target's WAL write (insert) and flush positions.
@@ -309,6 +323,8 @@ pub struct Applier {
     statements: HashMap<(usize, Shape), Prepared, RandomState>,
     /// Batch statements by table and kind: `None` while being prepared.
     batch_statements: HashMap<(usize, BatchKind), Option<Statement>, RandomState>,
+    /// Batch statements prepared by name, for groups sent as one query.
+    named_statements: HashMap<(usize, BatchKind), String, RandomState>,
     batcher: Batcher,
     /// Changes of transactions ending at or before this are applied one
     /// by one (a batch failed; this finds the transaction at fault).
@@ -395,6 +411,7 @@ impl Applier {
             mapper,
             statements: HashMap::default(),
             batch_statements: HashMap::default(),
+            named_statements: HashMap::default(),
             batcher: Batcher::default(),
             one_by_one_until,
             progress: parts.progress,
@@ -597,15 +614,26 @@ impl Applier {
         self.mapper.map(&mut self.catalog, relation).await
     }
 
-    async fn ensure_open(&mut self) -> Result<(), SinkError> {
+    /// Begins the group, if it has not begun, without sending its BEGIN:
+    /// its batches may yet go with it (see [`one_query`]).
+    fn open_group(&mut self) {
         if !self.group.open {
+            self.group.open = true;
+            self.group.started = Some(Instant::now());
+        }
+    }
+
+    /// Begins the group, if it has not begun, and sends its BEGIN, if that
+    /// is not sent yet: a statement of the group follows.
+    async fn ensure_open(&mut self) -> Result<(), SinkError> {
+        self.open_group();
+        if !self.group.begun {
             self.send(
                 Purpose::Control("BEGIN"),
                 simple(&self.client, "BEGIN".into()),
             )
             .await?;
-            self.group.open = true;
-            self.group.started = Some(Instant::now());
+            self.group.begun = true;
         }
         Ok(())
     }
@@ -654,6 +682,19 @@ impl Applier {
     /// Takes in what a request returned.
     fn completed(&mut self, purpose: Purpose, reply: Reply) {
         let rows = match (purpose, reply) {
+            (
+                Purpose::Group { batches, commit },
+                Reply::Group {
+                    rows,
+                    commit: reply,
+                },
+            ) => {
+                for (batch, rows) in batches.into_iter().zip(rows) {
+                    self.completed(batch, Reply::Rows(rows));
+                }
+                self.completed(Purpose::Commit(commit), *reply);
+                return;
+            }
             (Purpose::Commit(committed), reply) => {
                 let position = committed.position;
                 self.committed(*committed);
@@ -668,7 +709,7 @@ impl Applier {
                 return;
             }
             (purpose, Reply::Rows(rows)) => (purpose, rows),
-            (_, Reply::Wal { .. } | Reply::Prepared(_)) => return,
+            (_, Reply::Wal { .. } | Reply::Prepared(_) | Reply::Group { .. }) => return,
         };
         let (purpose, rows) = rows;
         let misses = &mut self.misses;
@@ -714,12 +755,16 @@ impl Applier {
             return Ok(());
         }
         self.finish_copy().await?;
-        self.ensure_open().await?;
-        self.send_batches_all().await?;
-        // A group's COMMIT goes only once the previous one succeeded: were
-        // it to fail, this group must not commit a position beyond it.
-        while self.commits_in_flight > 0 {
-            self.take_one().await?;
+        let batches = self.batcher.take_all();
+        let one_query = self.one_query(&batches);
+        if one_query.is_none() {
+            self.ensure_open().await?;
+            self.send_batches(batches).await?;
+            // A group's COMMIT goes only once the previous one succeeded: were
+            // it to fail, this group must not commit a position beyond it.
+            while self.commits_in_flight > 0 {
+                self.take_one().await?;
+            }
         }
         let group = std::mem::take(&mut self.group);
         let committed = Committed {
@@ -733,15 +778,26 @@ impl Applier {
             published: group.published_changed.then(|| self.published.clone()),
         };
         let finish = self.progress.commit_sql(position.lsn, group.commit_time);
-        let request = match self.config.synchronous_commit {
-            // Acknowledged once the target has flushed it: the same query
-            // reads where the commit's WAL ends (a statement of its own
-            // was one more for the target to run per commit).
-            crate::config::SynchronousCommit::Off => commit_reading_wal(&self.client, finish),
-            _ => Box::pin(simple(&self.client, finish)),
-        };
-        self.send(Purpose::Commit(Box::new(committed)), request)
-            .await?;
+        // Acknowledged once the target has flushed it: the same query
+        // reads where the commit's WAL ends (a statement of its own was one
+        // more for the target to run per commit).
+        let read_wal = self.config.synchronous_commit == crate::config::SynchronousCommit::Off;
+        let committed = Box::new(committed);
+        match one_query {
+            Some(one_query) => {
+                let (purpose, request) =
+                    one_query.finish(&self.client, committed, &finish, read_wal);
+                self.send(purpose, request).await?;
+            }
+            None => {
+                let request = if read_wal {
+                    commit_reading_wal(&self.client, finish)
+                } else {
+                    Box::pin(simple(&self.client, finish))
+                };
+                self.send(Purpose::Commit(committed), request).await?;
+            }
+        }
         self.commits_in_flight += 1;
         Ok(())
     }
