@@ -7,17 +7,14 @@ use crate::tls::{PgTls, TlsError, TlsSettings};
 /// Session settings sent at start-up to every connection walbridge opens,
 /// so values are rendered the same way by the walsender and by snapshot
 /// COPY, and parsed back the same way by the postgres sink: ISO dates,
-/// ISO 8601 intervals, UTC offsets, shortest exact floats, hex bytea; and
-/// string constants with backslashes as they are (what [`quote_literal`]
-/// writes for).
-pub const SESSION_SETTINGS: [(&str, &str); 7] = [
+/// ISO 8601 intervals, UTC offsets, shortest exact floats, hex bytea.
+pub const SESSION_SETTINGS: [(&str, &str); 6] = [
     ("client_encoding", "UTF8"),
     ("DateStyle", "ISO"),
     ("IntervalStyle", "iso_8601"),
     ("TimeZone", "UTC"),
     ("extra_float_digits", "3"),
     ("bytea_output", "hex"),
-    ("standard_conforming_strings", "on"),
 ];
 
 /// An SQL connection could not be opened.
@@ -115,14 +112,21 @@ pub fn quote_literal(value: &str) -> String {
     quoted
 }
 
-/// Appends `value` to `sql` as a string literal (quotes doubled; see
-/// [`SESSION_SETTINGS`] for backslashes).
+/// Appends `value` to `sql` as a string literal: quotes doubled, and with
+/// a backslash in it as an escape string (`E'…'`, backslashes doubled),
+/// which reads the same whatever `standard_conforming_strings` says (as
+/// PostgreSQL's own `quote_literal` writes it).
 pub fn push_literal(sql: &mut String, value: &str) {
+    let backslash = value.contains('\\');
+    if backslash {
+        sql.push('E');
+    }
     sql.push('\'');
     let mut rest = value;
-    while let Some(at) = rest.find('\'') {
+    while let Some(at) = rest.find(|c| c == '\'' || (backslash && c == '\\')) {
+        // The character itself, then again (both are one byte).
         sql.push_str(&rest[..=at]);
-        sql.push('\'');
+        sql.push_str(&rest[at..=at]);
         rest = &rest[at + 1..];
     }
     sql.push_str(rest);
@@ -257,7 +261,8 @@ mod tests {
         assert_eq!(quote_qualified("s", "t"), "\"s\".\"t\"");
         assert_eq!(quote_literal("it's"), "'it''s'");
         assert_eq!(quote_literal("''a'"), "'''''a'''");
-        assert_eq!(quote_literal(r#"{"\\'"}"#), r#"'{"\\''"}'"#);
+        assert_eq!(quote_literal(r#"{"\\'"}"#), r#"E'{"\\\\''"}'"#);
+        assert_eq!(quote_literal(r"a\"), r"E'a\\'");
         let mut sql = "EXECUTE s(".to_owned();
         push_literal(&mut sql, "");
         sql.push(')');

@@ -28,6 +28,7 @@
 //! modifier, so assignment still checks `varchar(n)` and the like.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -196,8 +197,10 @@ pub struct Batch {
     pub kind: BatchKind,
     /// Per row, the bound values in [`bound_columns`] order.
     rows: Vec<Vec<Datum>>,
-    /// Row index by key, for repeated keys.
-    keys: HashMap<Vec<Bytes>, usize, RandomState>,
+    /// Row index by the hash of its key ([`key`]), for repeated keys; a
+    /// row whose key's hash another key has starts a new batch, so each
+    /// row here has a hash of its own.
+    keys: HashMap<u64, usize, RandomState>,
     bytes: usize,
     /// The last source transaction with a row in it.
     pub last_txn: Arc<TransactionInfo>,
@@ -267,12 +270,12 @@ impl Batch {
             .collect();
         // Every key's parts in one vector (a vector per key was an
         // allocation per row); each row sorts by its range of it.
-        let mut parts = Vec::with_capacity(self.keys.len() * integer.len());
-        let mut keyed: Vec<(std::ops::Range<usize>, usize)> = Vec::with_capacity(self.keys.len());
-        for (key, &row) in &self.keys {
+        let mut parts = Vec::with_capacity(self.rows.len() * integer.len());
+        let mut keyed: Vec<(std::ops::Range<usize>, usize)> = Vec::with_capacity(self.rows.len());
+        for (row, values) in self.rows.iter().enumerate() {
             let start = parts.len();
             parts.extend(
-                key.iter()
+                key(&self.map, &self.kind, values)
                     .zip(&integer)
                     .map(|(value, &integer)| KeyPart::of(value, integer)),
             );
@@ -297,12 +300,34 @@ enum KeyPart {
 }
 
 impl KeyPart {
-    fn of(value: &Bytes, integer: bool) -> KeyPart {
+    fn of(value: Option<&Datum>, integer: bool) -> KeyPart {
+        let bytes = match value {
+            Some(Datum::Text(b) | Datum::Binary(b)) => b,
+            _ => return KeyPart::Bytes(Bytes::new()),
+        };
         integer
-            .then(|| std::str::from_utf8(value).ok()?.parse().ok())
+            .then(|| std::str::from_utf8(bytes).ok()?.parse().ok())
             .flatten()
-            .map_or_else(|| KeyPart::Bytes(value.clone()), KeyPart::Integer)
+            .map_or_else(|| KeyPart::Bytes(bytes.clone()), KeyPart::Integer)
     }
+}
+
+/// The key of a row of a batch of `kind` among its bound `values`: an
+/// insert's identity columns (it binds every column), the identity
+/// values bound last by an update or a delete ([`bound_columns`]).
+fn key<'a>(
+    map: &'a TableMap,
+    kind: &BatchKind,
+    values: &'a [Datum],
+) -> impl Iterator<Item = Option<&'a Datum>> + 'a {
+    let (columns, last): (&[usize], usize) = match kind {
+        BatchKind::Insert(_) => (&map.identity, 0),
+        BatchKind::Update { .. } | BatchKind::Delete => (&[], map.identity.len()),
+    };
+    columns
+        .iter()
+        .map(|&i| values.get(i))
+        .chain(values[values.len().saturating_sub(last)..].iter().map(Some))
 }
 
 /// Appends one array element: `NULL`, or the text double-quoted with `"`
@@ -335,12 +360,15 @@ struct TableQueue {
 pub struct Batcher {
     tables: Vec<TableQueue>,
     by_table: HashMap<Oid, usize, RandomState>,
+    /// Hashes rows' keys.
+    keys: RandomState,
 }
 
 /// A row for [`Batcher::add`].
 pub struct BatchRow {
-    /// Its key (identity values), when rows of the kind must have distinct keys.
-    pub key: Option<Vec<Bytes>>,
+    /// Rows of its kind must have distinct keys ([`key`]: identity values,
+    /// all of them text).
+    pub keyed: bool,
     /// The bound values, in [`bound_columns`] order (text only).
     pub values: Vec<Datum>,
     /// Its source transaction.
@@ -373,13 +401,21 @@ impl Batcher {
         });
         let queue = &mut self.tables[index];
         let bytes: usize = row.values.iter().map(|d| d.len() + 4).sum();
+        let hash = row.keyed.then(|| {
+            let mut hasher = self.keys.build_hasher();
+            key(map, &kind, &row.values).for_each(|part| part.hash(&mut hasher));
+            hasher.finish()
+        });
         let current = queue
             .batches
             .last_mut()
             .filter(|b| Arc::ptr_eq(&b.map, map) && b.kind == kind);
-        let fits = match (current, &row.key) {
-            (Some(batch), Some(key)) => match batch.keys.get(key) {
-                Some(&at) if replace => {
+        let fits = match (current, hash) {
+            (Some(batch), Some(hash)) => match batch.keys.get(&hash) {
+                Some(&at)
+                    if replace
+                        && key(map, &kind, &batch.rows[at]).eq(key(map, &kind, &row.values)) =>
+                {
                     batch.bytes += bytes;
                     batch.rows[at] = row.values;
                     batch.last_txn = row.txn;
@@ -404,8 +440,8 @@ impl Batcher {
                 queue.batches.last_mut()?
             }
         };
-        if let Some(key) = row.key {
-            batch.keys.insert(key, batch.rows.len());
+        if let Some(hash) = hash {
+            batch.keys.insert(hash, batch.rows.len());
         }
         batch.rows.push(row.values);
         batch.bytes += bytes;
@@ -444,9 +480,9 @@ mod tests {
         })
     }
 
-    fn row(key: &str, values: &[Datum], xid: u32) -> BatchRow {
+    fn row(values: &[Datum], xid: u32) -> BatchRow {
         BatchRow {
-            key: Some(vec![Bytes::copy_from_slice(key.as_bytes())]),
+            keyed: true,
             values: values.to_vec(),
             txn: txn(xid),
         }
@@ -549,16 +585,16 @@ mod tests {
         let update = BatchKind::Update { set: None };
         let insert = BatchKind::Insert(InsertMode::Plain);
         let mut batcher = Batcher::default();
-        // (kind, key, values, xid, replace): none fills a batch.
+        // (kind, values with the key, xid, replace): none fills a batch.
         let rows = [
-            (&update, "1", vec![text("a"), text("1")], 1, true),
-            (&update, "2", vec![text("b"), text("2")], 2, true),
-            (&update, "1", vec![text("c"), text("1")], 3, true),
-            (&insert, "9", vec![text("x")], 4, false),
-            (&insert, "9", vec![text("y")], 5, false),
+            (&update, vec![text("a"), text("1")], 1, true),
+            (&update, vec![text("b"), text("2")], 2, true),
+            (&update, vec![text("c"), text("1")], 3, true),
+            (&insert, vec![text("9")], 4, false),
+            (&insert, vec![text("9")], 5, false),
         ];
-        for (kind, key, values, xid, replace) in rows {
-            let full = batcher.add(&m, kind.clone(), row(key, &values, xid), replace);
+        for (kind, values, xid, replace) in rows {
+            let full = batcher.add(&m, kind.clone(), row(&values, xid), replace);
             assert!(full.is_none(), "row {xid} filled a batch");
         }
         let batches = batcher.take_all();
@@ -599,7 +635,7 @@ mod tests {
                 let values = vec![text(key)];
                 assert!(
                     batcher
-                        .add(&m, kind.clone(), row(key, &values, 1), false)
+                        .add(&m, kind.clone(), row(&values, 1), false)
                         .is_none()
                 );
             }
@@ -615,14 +651,7 @@ mod tests {
         let m = Arc::new(map(vec![0, 2], false, false));
         let mut batcher = Batcher::default();
         for (id, n) in [("2", "20"), ("10", "1"), ("2", "3"), ("-1", "99")] {
-            let row = BatchRow {
-                key: Some(vec![
-                    Bytes::copy_from_slice(id.as_bytes()),
-                    Bytes::copy_from_slice(n.as_bytes()),
-                ]),
-                values: vec![text(id), text(n)],
-                txn: txn(1),
-            };
+            let row = row(&[text(id), text(n)], 1);
             assert!(batcher.add(&m, BatchKind::Delete, row, false).is_none());
         }
         let arrays: Vec<Vec<Datum>> = batcher.take_all().iter().map(Batch::arrays).collect();
@@ -638,14 +667,14 @@ mod tests {
         let delete = BatchKind::Delete;
         assert!(
             batcher
-                .add(&m, delete, row("0", &[text("0")], 1), false)
+                .add(&m, delete, row(&[text("0")], 1), false)
                 .is_none()
         );
         let insert = BatchKind::Insert(InsertMode::Plain);
         let mut handed = None;
         for i in 0..MAX_BATCH_ROWS {
             let key = i.to_string();
-            handed = batcher.add(&m, insert.clone(), row(&key, &[text(&key)], 2), false);
+            handed = batcher.add(&m, insert.clone(), row(&[text(&key)], 2), false);
             if handed.is_some() {
                 break;
             }

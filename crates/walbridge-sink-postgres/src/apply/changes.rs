@@ -47,17 +47,6 @@ pub(super) fn all_text(row: &Row) -> bool {
         .all(|d| matches!(d, Datum::Text(_) | Datum::Null))
 }
 
-/// The identity values of `row`.
-pub(super) fn key_of(map: &TableMap, row: &Row) -> Vec<Bytes> {
-    map.identity
-        .iter()
-        .map(|&i| match row.get(i) {
-            Some(Datum::Text(b) | Datum::Binary(b)) => b.clone(),
-            _ => Bytes::new(),
-        })
-        .collect()
-}
-
 /// An array's binary form with its element type OID (bytes 8..12 of the
 /// header: dimensions, flags, element type) replaced.
 pub(super) fn with_element_type(array: &Bytes, element: Oid) -> Bytes {
@@ -188,8 +177,7 @@ impl Applier {
                     && bound_columns(&map, &kind).count() > map.identity.len()
                 {
                     // Nothing observes the row in between: a later update replaces an earlier one.
-                    let key = key_of(&map, &new);
-                    return self.batch(&map, kind, Some(key), new, txn, true).await;
+                    return self.batch(&map, kind, true, new, txn, true).await;
                 }
                 let (find, old) = self.find(&map, old.as_ref(), &new)?;
                 self.execute(
@@ -213,9 +201,8 @@ impl Applier {
                         .iter()
                         .all(|&i| matches!(old.row.get(i), Some(Datum::Text(_))))
                 {
-                    let key = key_of(&map, &old.row);
                     return self
-                        .batch(&map, BatchKind::Delete, Some(key), old.row, txn, false)
+                        .batch(&map, BatchKind::Delete, true, old.row, txn, false)
                         .await;
                 }
                 let (find, old) = self.find(&map, Some(&old), &old.row)?;
@@ -265,9 +252,9 @@ impl Applier {
     ) -> Result<(), SinkError> {
         self.group.bytes += row_bytes(&new);
         if self.batchable(&map, &txn) && all_text(&new) {
-            let key = (!map.full_identity && !map.identity.is_empty()).then(|| key_of(&map, &new));
+            let keyed = !map.full_identity && !map.identity.is_empty();
             return self
-                .batch(&map, BatchKind::Insert(mode), key, new, txn, false)
+                .batch(&map, BatchKind::Insert(mode), keyed, new, txn, false)
                 .await;
         }
         self.execute(&txn, &map, Shape::Insert(mode), kind, &new, None)
@@ -290,7 +277,7 @@ impl Applier {
         &mut self,
         map: &Arc<TableMap>,
         kind: BatchKind,
-        key: Option<Vec<Bytes>>,
+        keyed: bool,
         row: Row,
         txn: Arc<TransactionInfo>,
         replace: bool,
@@ -299,7 +286,7 @@ impl Applier {
         self.open_group();
         self.group.changes += 1;
         let values = bound_values(map, &kind, row);
-        let row = BatchRow { key, values, txn };
+        let row = BatchRow { keyed, values, txn };
         if let Some(full) = self.batcher.add(map, kind, row, replace) {
             self.send_batches(full).await?;
         }

@@ -19,8 +19,7 @@
 //! * The batches run the statements the protocol would prepare
 //!   ([`batch_sql`]), prepared by name with SQL `PREPARE` (in the query
 //!   itself, the first time), with the same text array literals as string
-//!   constants ([`push_literal`]; `standard_conforming_strings` is on in
-//!   every session walbridge opens).
+//!   constants ([`push_literal`]).
 //! * The failure of one query does not say which statement failed: as for
 //!   a failed batch, the group's transactions are then applied one by one,
 //!   which finds the one at fault (see [`super::failure`]).
