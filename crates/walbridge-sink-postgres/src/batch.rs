@@ -355,13 +355,13 @@ struct TableQueue {
     batches: Vec<Batch>,
 }
 
-/// The batches of the group being built, per target table.
+/// The batches of the group being built, per target table; `S` hashes
+/// rows' keys.
 #[derive(Default)]
-pub struct Batcher {
+pub struct Batcher<S = RandomState> {
     tables: Vec<TableQueue>,
     by_table: HashMap<Oid, usize, RandomState>,
-    /// Hashes rows' keys.
-    keys: RandomState,
+    keys: S,
 }
 
 /// A row for [`Batcher::add`].
@@ -375,7 +375,7 @@ pub struct BatchRow {
     pub txn: Arc<TransactionInfo>,
 }
 
-impl Batcher {
+impl<S: BuildHasher> Batcher<S> {
     /// True when nothing waits.
     pub fn is_empty(&self) -> bool {
         self.tables.iter().all(|t| t.batches.is_empty())
@@ -584,7 +584,7 @@ mod tests {
         let m = Arc::new(map(vec![0], false, false));
         let update = BatchKind::Update { set: None };
         let insert = BatchKind::Insert(InsertMode::Plain);
-        let mut batcher = Batcher::default();
+        let mut batcher: Batcher = Batcher::default();
         // (kind, values with the key, xid, replace): none fills a batch.
         let rows = [
             (&update, vec![text("a"), text("1")], 1, true),
@@ -621,10 +621,57 @@ mod tests {
         );
     }
 
+    /// Hashes everything alike: every key's hash is every other's.
+    #[derive(Default)]
+    struct Alike;
+
+    impl Hasher for Alike {
+        fn finish(&self) -> u64 {
+            7
+        }
+        fn write(&mut self, _: &[u8]) {}
+    }
+
+    /// A key whose hash another key has is not taken for it: the row
+    /// starts a new batch, and the update of the same key later still
+    /// comes after both.
+    #[test]
+    fn a_key_whose_hash_is_taken_starts_a_new_batch_and_replaces_nothing() {
+        let m = Arc::new(map(vec![0], false, false));
+        let update = BatchKind::Update { set: None };
+        let mut batcher: Batcher<std::hash::BuildHasherDefault<Alike>> = Batcher::default();
+        for (values, xid) in [
+            (vec![text("a"), text("1")], 1),
+            (vec![text("b"), text("2")], 2),
+            (vec![text("c"), text("1")], 3),
+        ] {
+            assert!(
+                batcher
+                    .add(&m, update.clone(), row(&values, xid), true)
+                    .is_none()
+            );
+        }
+        let arrays: Vec<Vec<Datum>> = batcher.take_all().iter().map(Batch::arrays).collect();
+        let one = |v: &'static [u8], k: &'static [u8]| {
+            vec![
+                Datum::Text(Bytes::from_static(v)),
+                Datum::Text(Bytes::from_static(k)),
+            ]
+        };
+        assert_eq!(
+            arrays,
+            [
+                one(b"{\"a\"}", b"{\"1\"}"),
+                one(b"{\"b\"}", b"{\"2\"}"),
+                one(b"{\"c\"}", b"{\"1\"}"),
+            ]
+        );
+    }
+
     #[test]
     fn updates_and_deletes_go_in_key_order_inserts_in_source_order() {
         let m = Arc::new(map(vec![0], false, false));
-        let mut batcher = Batcher::default();
+        let mut batcher: Batcher = Batcher::default();
         let kinds = [
             BatchKind::Update { set: None },
             BatchKind::Delete,
@@ -649,7 +696,7 @@ mod tests {
     #[test]
     fn keys_of_several_columns_go_in_order_of_their_first_then_next_column() {
         let m = Arc::new(map(vec![0, 2], false, false));
-        let mut batcher = Batcher::default();
+        let mut batcher: Batcher = Batcher::default();
         for (id, n) in [("2", "20"), ("10", "1"), ("2", "3"), ("-1", "99")] {
             let row = row(&[text(id), text(n)], 1);
             assert!(batcher.add(&m, BatchKind::Delete, row, false).is_none());
@@ -663,7 +710,7 @@ mod tests {
     #[test]
     fn a_full_batch_is_handed_back_with_the_tables_earlier_batches() {
         let m = Arc::new(map(vec![0], false, false));
-        let mut batcher = Batcher::default();
+        let mut batcher: Batcher = Batcher::default();
         let delete = BatchKind::Delete;
         assert!(
             batcher
