@@ -4,10 +4,13 @@
 //!
 //! Invariants:
 //! * A record is handed off only with what it holds as the file's
-//!   decoding gives it ([`crate::Entry`]), only once it is durable, and
+//!   decoding gives it ([`crate::Entry`]), only once it is written, and
 //!   only if it is a whole unit by itself (a small transaction, a message):
 //!   whatever a reader takes from the hand-off it could have read from the
-//!   file, under the same rules ([`Visibility`]).
+//!   file, under the same rules ([`Visibility`]). A subscriber gets a record
+//!   only once its end (which the writer moves for each visibility: written,
+//!   durable, complete units) takes it in; until every subscriber that may
+//!   be owed a record has it, the hand-off holds it.
 //! * A reader subscribes only when it has read the file up to the end it
 //!   may see, and only if that end is the hand-off's (nothing was handed over
 //!   meanwhile). The writer hands records over before it publishes the
@@ -41,25 +44,40 @@ pub(crate) struct Handoff {
 struct Inner {
     /// Where the records handed over end.
     ends: Ends,
+    /// Records handed over that a subscriber is owed once its end moves
+    /// (past the durable end or the complete units' end), in order.
+    held: VecDeque<ReadRecord>,
     subscribers: Vec<Subscriber>,
     next_id: u64,
 }
 
 /// Where readable records end, for each visibility.
-#[derive(Clone, Copy, Debug)]
-struct Ends {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ends {
     /// One past the last record of complete units.
-    head_next: u64,
+    pub head_next: u64,
     /// One past the last durable record.
-    durable_next: u64,
+    pub durable_next: u64,
+    /// One past the last record [`Visibility::Written`] readers see.
+    pub written_next: u64,
 }
 
 impl Ends {
+    /// The same end for every visibility.
+    pub(crate) fn all(next: u64) -> Self {
+        Ends {
+            head_next: next,
+            durable_next: next,
+            written_next: next,
+        }
+    }
+
     /// The end a reader of `visibility` reads to.
     fn of(self, visibility: Visibility) -> u64 {
         match visibility {
             Visibility::CompleteUnits => self.head_next,
             Visibility::Unfinished => self.durable_next,
+            Visibility::Written => self.written_next,
         }
     }
 }
@@ -87,10 +105,8 @@ impl Handoff {
     pub(crate) fn new(next: u64) -> Self {
         Handoff {
             inner: Mutex::new(Inner {
-                ends: Ends {
-                    head_next: next,
-                    durable_next: next,
-                },
+                ends: Ends::all(next),
+                held: VecDeque::new(),
                 subscribers: Vec::new(),
                 next_id: 0,
             }),
@@ -142,49 +158,54 @@ impl Handoff {
         }
     }
 
-    /// Hands over `records` (durable, in order, each a whole unit; some of
-    /// those before the new ends may be missing) as the writer publishes
-    /// the ends `head_next` and `durable_next`.
-    pub(crate) fn hand_over(
-        &self,
-        records: &mut Vec<ReadRecord>,
-        head_next: u64,
-        durable_next: u64,
-    ) {
+    /// Hands over `records` (written, in order, each a whole unit; some
+    /// of those before the new ends may be missing) as the writer publishes
+    /// the new `ends`.
+    pub(crate) fn hand_over(&self, records: &mut Vec<ReadRecord>, ends: Ends) {
         let mut inner = self.inner();
-        let ends = Ends {
-            head_next,
-            durable_next,
-        };
         inner.ends = ends;
         if inner.subscribers.is_empty() {
             records.clear();
+            inner.held.clear();
             return;
         }
-        let Inner { subscribers, .. } = &mut *inner;
-        let first = records.first().map_or(u64::MAX, |r| r.seq);
+        let Inner {
+            subscribers, held, ..
+        } = &mut *inner;
+        held.extend(records.drain(..));
         let whole = |from: u64, to: u64| {
             from >= to
-                || (from >= first
-                    && records
-                        .get((from - first) as usize..(to - first) as usize)
-                        .is_some_and(|run| run.last().is_some_and(|r| r.seq == to - 1)))
+                || held.binary_search_by_key(&from, |r| r.seq).is_ok_and(|i| {
+                    held.get(i + (to - from - 1) as usize)
+                        .is_some_and(|r| r.seq == to - 1)
+                })
         };
         subscribers.retain(|s| whole(s.next, ends.of(s.visibility)));
-        // Every record goes to each subscriber owed it: cloned for all but
-        // the last, which takes it.
+        // Every record goes to each subscriber owed it now: cloned, but
+        // taken by the last when no subscriber is owed it later.
         let owed = |s: &Subscriber, seq: u64| s.next == seq && seq < ends.of(s.visibility);
-        for record in records.drain(..) {
-            let Some(last) = subscribers.iter().rposition(|s| owed(s, record.seq)) else {
+        let later = |s: &Subscriber, seq: u64| s.next <= seq && seq >= ends.of(s.visibility);
+        let mut kept = VecDeque::new();
+        for record in held.drain(..) {
+            let seq = record.seq;
+            if subscribers.iter().any(|s| later(s, seq)) {
+                for s in subscribers.iter_mut().filter(|s| owed(s, seq)) {
+                    s.push(record.clone());
+                }
+                kept.push_back(record);
+                continue;
+            }
+            let Some(last) = subscribers.iter().rposition(|s| owed(s, seq)) else {
                 continue;
             };
             for s in &mut subscribers[..last] {
-                if owed(s, record.seq) {
+                if owed(s, seq) {
                     s.push(record.clone());
                 }
             }
             subscribers[last].push(record);
         }
+        *held = kept;
         subscribers.retain(|s| s.bytes <= QUEUE_BYTES);
     }
 }
@@ -216,6 +237,14 @@ mod tests {
         }
     }
 
+    fn ends(head_next: u64, durable_next: u64, written_next: u64) -> Ends {
+        Ends {
+            head_next,
+            durable_next,
+            written_next,
+        }
+    }
+
     fn taken(handoff: &Handoff, id: u64) -> Option<Vec<u64>> {
         let mut into = VecDeque::new();
         match handoff.take(id, &mut into) {
@@ -232,20 +261,20 @@ mod tests {
         let complete = handoff.subscribe(5, Visibility::CompleteUnits).unwrap();
         let unfinished = handoff.subscribe(5, Visibility::Unfinished).unwrap();
 
-        handoff.hand_over(&mut vec![record(5, 10), record(6, 10)], 7, 7);
+        handoff.hand_over(&mut vec![record(5, 10), record(6, 10)], ends(7, 7, 7));
         assert_eq!(taken(&handoff, complete), Some(vec![5, 6]));
         assert_eq!(taken(&handoff, unfinished), Some(vec![5, 6]));
         assert_eq!(handoff.subscribe(6, Visibility::CompleteUnits), None);
 
         // Durable past the head: only the reader of unfinished units is owed 7.
-        handoff.hand_over(&mut vec![record(7, 10)], 7, 8);
+        handoff.hand_over(&mut vec![record(7, 10)], ends(7, 8, 8));
         assert_eq!(taken(&handoff, complete), Some(vec![]));
         assert_eq!(taken(&handoff, unfinished), Some(vec![7]));
         assert_eq!(handoff.subscribe(8, Visibility::CompleteUnits), None);
         let late = handoff.subscribe(8, Visibility::Unfinished).unwrap();
 
         // Records 7 and 8 were not handed off: whoever is owed them is dropped.
-        handoff.hand_over(&mut vec![record(9, 10)], 10, 10);
+        handoff.hand_over(&mut vec![record(9, 10)], ends(10, 10, 10));
         assert_eq!(taken(&handoff, complete), None);
         assert_eq!(taken(&handoff, unfinished), None);
         assert_eq!(taken(&handoff, late), None);
@@ -253,13 +282,46 @@ mod tests {
         // More than a queue's bytes waiting: dropped too.
         let slow = handoff.subscribe(10, Visibility::CompleteUnits).unwrap();
         let quick = handoff.subscribe(10, Visibility::CompleteUnits).unwrap();
-        handoff.hand_over(&mut vec![record(10, QUEUE_BYTES / 2)], 11, 11);
+        handoff.hand_over(&mut vec![record(10, QUEUE_BYTES / 2)], ends(11, 11, 11));
         assert_eq!(taken(&handoff, quick), Some(vec![10]));
-        handoff.hand_over(&mut vec![record(11, QUEUE_BYTES / 2 + 1)], 12, 12);
+        handoff.hand_over(&mut vec![record(11, QUEUE_BYTES / 2 + 1)], ends(12, 12, 12));
         assert_eq!(taken(&handoff, slow), None);
         assert_eq!(taken(&handoff, quick), Some(vec![11]));
 
         handoff.unsubscribe(quick);
         assert_eq!(taken(&handoff, quick), None);
+    }
+
+    #[test]
+    fn records_written_ahead_of_the_durable_end_are_held_for_who_is_owed_them_later() {
+        let handoff = Handoff::new(5);
+        let written = handoff.subscribe(5, Visibility::Written).unwrap();
+        let unfinished = handoff.subscribe(5, Visibility::Unfinished).unwrap();
+        let complete = handoff.subscribe(5, Visibility::CompleteUnits).unwrap();
+
+        // Written, not yet durable: only the reader of written records has them.
+        handoff.hand_over(&mut vec![record(5, 10), record(6, 10)], ends(5, 5, 7));
+        assert_eq!(taken(&handoff, written), Some(vec![5, 6]));
+        assert_eq!(taken(&handoff, unfinished), Some(vec![]));
+        assert_eq!(taken(&handoff, complete), Some(vec![]));
+        // A reader of durable records subscribes at the durable end.
+        let late = handoff.subscribe(5, Visibility::Unfinished).unwrap();
+        assert_eq!(handoff.subscribe(5, Visibility::Written), None);
+
+        // Durable: the others get them from what was held, nothing handed again.
+        handoff.hand_over(&mut Vec::new(), ends(7, 7, 7));
+        assert_eq!(taken(&handoff, written), Some(vec![]));
+        assert_eq!(taken(&handoff, unfinished), Some(vec![5, 6]));
+        assert_eq!(taken(&handoff, complete), Some(vec![5, 6]));
+        assert_eq!(taken(&handoff, late), Some(vec![5, 6]));
+        assert!(handoff.inner().held.is_empty());
+
+        // Nobody owed a record later: nothing is held.
+        handoff.unsubscribe(unfinished);
+        handoff.unsubscribe(complete);
+        handoff.unsubscribe(late);
+        handoff.hand_over(&mut vec![record(7, 10)], ends(7, 7, 8));
+        assert_eq!(taken(&handoff, written), Some(vec![7]));
+        assert!(handoff.inner().held.is_empty());
     }
 }

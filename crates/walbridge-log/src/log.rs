@@ -104,6 +104,17 @@ pub enum Visibility {
     /// such a consumer read of it must never take effect. Lets it work on
     /// a large transaction or the initial copy while it is still arriving.
     Unfinished,
+    /// What [`Visibility::Unfinished`] sees, and besides, as soon as they
+    /// are written and before their fsync, the records that are whole units
+    /// by themselves (a small transaction, a message, sequences' values)
+    /// while nothing else precedes them past the durable end. For a
+    /// consumer that applies units idempotently by their LSN, such as one
+    /// that stores the LSN it applied up to in its target and passes over
+    /// what ends at or before it: a record lost in a crash before its fsync
+    /// was never confirmed to the publisher (the source confirms only the
+    /// durable end), which sends the same unit, with the same LSN, again.
+    /// Spares such a consumer the wait for the fsync on a steady stream.
+    Written,
 }
 
 /// How far the log can be read: everything before `next_seq` is durable
@@ -163,6 +174,8 @@ pub(crate) struct Shared {
     /// The end of the durable records, complete units or not (see
     /// [`Visibility::Unfinished`]).
     pub durable: watch::Sender<Head>,
+    /// The end of what [`Visibility::Written`] readers see.
+    pub written: watch::Sender<Head>,
     /// Total bytes in the log.
     pub size: watch::Sender<u64>,
     /// Records handed from the writer to readers that have caught up.
@@ -181,6 +194,15 @@ impl Shared {
     pub(crate) fn state(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves plain data behind; go on with it.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The end a reader of `visibility` reads to.
+    pub(crate) fn end(&self, visibility: Visibility) -> &watch::Sender<Head> {
+        match visibility {
+            Visibility::CompleteUnits => &self.head,
+            Visibility::Unfinished => &self.durable,
+            Visibility::Written => &self.written,
+        }
     }
 }
 
@@ -259,6 +281,7 @@ impl Log {
             state: Mutex::new(state),
             head: watch::Sender::new(head),
             durable: watch::Sender::new(head),
+            written: watch::Sender::new(head),
             size: watch::Sender::new(size),
             handoff: Handoff::new(head.next_seq),
             read_from_memory: AtomicU64::new(0),

@@ -34,7 +34,7 @@ pub struct ReadRecord {
 }
 
 /// Reads records in order, never past the readable end ([`Head`]; or the
-/// durable end, with [`Visibility::Unfinished`]). Memory
+/// end its [`Visibility`] sees). Memory
 /// is one record plus a read buffer, whatever the log's size.
 ///
 /// Once it has read everything readable it takes what follows from the
@@ -68,24 +68,23 @@ impl LogReader {
         seq: u64,
         visibility: Visibility,
     ) -> Result<Self, LogError> {
-        let (base, pos, at) = Self::locate(&shared, seq)?;
+        let end = shared.end(visibility).subscribe();
+        let (base, pos, at) = Self::locate(&shared, seq, end.borrow().next_seq)?;
         let mut reader = Self::open_at(shared, base, pos, at)?;
-        if visibility == Visibility::Unfinished {
-            reader.visibility = visibility;
-            reader.head = reader.shared.durable.subscribe();
-        }
+        reader.visibility = visibility;
+        reader.head = end;
         reader.skip_to(seq)?;
         Ok(reader)
     }
 
-    /// The segment holding record `seq`, and the indexed record before it:
-    /// `(segment, position, record)`.
-    fn locate(shared: &Shared, seq: u64) -> Result<(u64, u64, u64), LogError> {
-        let head = *shared.head.borrow();
+    /// The segment holding record `seq` (at most `end`, one past the last
+    /// readable record), and the indexed record before it: `(segment,
+    /// position, record)`.
+    fn locate(shared: &Shared, seq: u64, end: u64) -> Result<(u64, u64, u64), LogError> {
         let (base, entry) = {
             let state = shared.state();
             let first = state.segments.keys().next().copied().unwrap_or(0);
-            if seq < first || seq > head.next_seq {
+            if seq < first || seq > end {
                 return Err(LogError::Gone {
                     dir: shared.dir.clone(),
                     seq,
@@ -121,7 +120,8 @@ impl LogReader {
     /// Puts the file at `next_seq` again, after records taken from the hand-off.
     fn catch_up_file(&mut self) -> Result<(), LogError> {
         let seq = self.next_seq;
-        let (base, pos, at) = Self::locate(&self.shared, seq)?;
+        let end = self.head.borrow().next_seq;
+        let (base, pos, at) = Self::locate(&self.shared, seq, end)?;
         let path = segment_path(&self.shared.dir, base);
         self.file = segment::open_at(&path, pos).map_err(LogError::io("open", &path))?;
         self.path = path;

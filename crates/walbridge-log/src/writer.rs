@@ -4,7 +4,9 @@
 //! the writer thread then takes everything queued (up to [`WRITE_BATCH`]
 //! bytes), writes it with one `write` and makes it durable with one
 //! `fdatasync`. Readers and the source see records only once they are
-//! durable and their unit (transaction) is complete. A steady stream's
+//! durable and their unit (transaction) is complete; readers that asked
+//! for it ([`crate::Visibility::Written`]) see whole units once written,
+//! while the fsync runs. A steady stream's
 //! segments are written into zeros made ahead ([`crate::spare`]), so that
 //! the `fdatasync` has no file length to make durable.
 //!
@@ -44,6 +46,7 @@ use walbridge_core::Lsn;
 
 use crate::error::LogError;
 use crate::frame;
+use crate::handoff::Ends;
 use crate::log::{FsyncPolicy, Head, Log, Segment, Shared, WhenFull, create_segment, sync_dir};
 use crate::reader::ReadRecord;
 use crate::record::Entry;
@@ -163,6 +166,7 @@ impl LogWriter {
             next_seq: head.next_seq,
             last_unit_lsn: head.last_lsn,
             tail: head,
+            written: head,
             handed: Vec::new(),
             buffer: Vec::with_capacity(WRITE_BATCH + (1 << 20)),
             unsynced: false,
@@ -334,22 +338,30 @@ impl LogWriter {
         let written = {
             let mut state = self.lock()?;
             match state.write_buffer() {
-                Ok(()) => state.sync_as_due(false, Syncer::Appender).map(|()| {
-                    state.publish();
-                    true
-                }),
-                Err(e) if e.is_disk_full() => Ok(false),
+                Ok(()) => Ok(Some(state.show_written())),
+                Err(e) if e.is_disk_full() => Ok(None),
                 Err(e) => Err(e),
             }
         };
-        match written {
-            Ok(true) => Ok(()),
-            Ok(false) => self.send(Command::Write).await,
-            Err(e) => {
-                report_failure(&self.shared, &self.failure, &e);
-                Err(e)
+        let synced = match written {
+            Ok(None) => return self.send(Command::Write).await,
+            Ok(Some(woken)) => {
+                if woken {
+                    // The readers of written records were woken on this
+                    // thread, a runtime worker, as its next task (which no
+                    // other worker takes): let them run before the fsync
+                    // holds the thread.
+                    tokio::task::yield_now().await;
+                }
+                self.lock().and_then(|mut state| {
+                    state.sync_as_due(false, Syncer::Appender)?;
+                    state.publish();
+                    Ok(())
+                })
             }
-        }
+            Err(e) => Err(e),
+        };
+        synced.inspect_err(|e| report_failure(&self.shared, &self.failure, e))
     }
 
     fn stopped(&self) -> LogError {
@@ -462,6 +474,7 @@ impl WriterThread {
             if !written {
                 return Ok(());
             }
+            state.show_written();
             state.sync_as_due(sync_due, Syncer::Writer)?;
             state.publish();
             self.queued.add_permits(released);
@@ -555,6 +568,10 @@ struct WriterState {
     tail: Head,
     /// The end of the last complete unit added and not yet published.
     pending_head: Option<Head>,
+    /// The end of what [`crate::Visibility::Written`] readers may see once
+    /// it is written: the whole units handed off that follow the durable
+    /// end with nothing else between.
+    written: Head,
     /// Records of this batch with their entries, to hand off.
     handed: Vec<ReadRecord>,
     buffer: Vec<u8>,
@@ -622,6 +639,7 @@ impl WriterState {
         let size = (self.buffer.len() - before) as u64;
         self.len += size;
         self.index.note(self.next_seq, pos, lsn);
+        let handed = entry.is_some();
         if let Some(entry) = entry {
             self.handed.push(ReadRecord {
                 seq: self.next_seq,
@@ -631,6 +649,7 @@ impl WriterState {
                 entry,
             });
         }
+        let follows_written = self.written.next_seq == self.next_seq;
         self.next_seq += 1;
         self.tail = Head {
             next_seq: self.next_seq,
@@ -638,6 +657,9 @@ impl WriterState {
             end: self.len,
             last_lsn: lsn,
         };
+        if handed && follows_written {
+            self.written = self.tail;
+        }
         if unit_end {
             self.last_unit_lsn = lsn;
             self.pending_head = Some(self.tail);
@@ -777,22 +799,49 @@ impl WriterState {
         self.shared.size.send_replace(size);
     }
 
+    /// Shows readers of [`crate::Visibility::Written`] what was just
+    /// written, before its fsync, and hands over the batch's records (the
+    /// others get theirs from the hand-off once their ends take them in).
+    /// Returns whether that woke a reader.
+    fn show_written(&mut self) -> bool {
+        let written = self.written;
+        let ends = Ends {
+            head_next: self.shared.head.borrow().next_seq,
+            durable_next: self.shared.durable.borrow().next_seq,
+            written_next: written.next_seq,
+        };
+        // Before the end moves: a reader it wakes finds its records queued.
+        self.shared.handoff.hand_over(&mut self.handed, ends);
+        send_if_moved(&self.shared.written, written) && self.shared.written.receiver_count() > 0
+    }
+
+    /// Makes what is written readable: durable (as the fsync policy says),
+    /// and complete units up to the last one added.
     fn publish(&mut self) {
         let head = self.pending_head.take();
         self.update_shared();
         let tail = self.tail;
-        let head_next = head.map_or_else(|| self.shared.head.borrow().next_seq, |h| h.next_seq);
+        self.written = tail;
+        let ends = Ends {
+            head_next: head.map_or_else(|| self.shared.head.borrow().next_seq, |h| h.next_seq),
+            durable_next: tail.next_seq,
+            written_next: tail.next_seq,
+        };
         // Before the ends move: a reader they wake finds its records queued.
-        self.shared
-            .handoff
-            .hand_over(&mut self.handed, head_next, tail.next_seq);
-        self.shared.durable.send_if_modified(|d| {
-            let moved = *d != tail;
-            *d = tail;
-            moved
-        });
+        self.shared.handoff.hand_over(&mut self.handed, ends);
+        send_if_moved(&self.shared.written, tail);
+        send_if_moved(&self.shared.durable, tail);
         if let Some(head) = head {
             self.shared.head.send_replace(head);
         }
     }
+}
+
+/// Moves an end, waking its readers only if it moved (then true).
+fn send_if_moved(end: &watch::Sender<Head>, to: Head) -> bool {
+    end.send_if_modified(|at| {
+        let moved = *at != to;
+        *at = to;
+        moved
+    })
 }

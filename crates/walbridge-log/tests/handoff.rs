@@ -223,17 +223,22 @@ async fn readers_that_keep_up_take_from_memory_exactly_what_the_file_gives() {
     let (log, writer, _) = ok(Log::open(dir.path(), options));
     let relation = relation();
     let mut appender = Appender::new(writer);
-    // Readers of both kinds follow the writer from the start.
+    // Readers of every kind follow the writer from the start.
     let last = 399;
-    let (mut complete, mut unfinished) = (
-        ok(log.reader(0)),
-        ok(log.reader_with(0, Visibility::Unfinished)),
-    );
-    let (complete_at, unfinished_at) = (watch::Sender::new(0), watch::Sender::new(0));
-    let mut positions = [complete_at.subscribe(), unfinished_at.subscribe()];
-    let complete = tokio::spawn(async move { follow(&mut complete, last, &complete_at).await });
-    let unfinished =
-        tokio::spawn(async move { follow(&mut unfinished, last, &unfinished_at).await });
+    let mut followers = Vec::new();
+    let mut positions = Vec::new();
+    for visibility in [
+        Visibility::CompleteUnits,
+        Visibility::Unfinished,
+        Visibility::Written,
+    ] {
+        let mut reader = ok(log.reader_with(0, visibility));
+        let at = watch::Sender::new(0);
+        positions.push(at.subscribe());
+        followers.push(tokio::spawn(
+            async move { follow(&mut reader, last, &at).await },
+        ));
+    }
     append(
         &mut appender,
         0..last + 1,
@@ -241,40 +246,37 @@ async fn readers_that_keep_up_take_from_memory_exactly_what_the_file_gives() {
         (&log, &mut positions),
     )
     .await;
-    let (complete, complete_from_memory) = ok(complete.await);
-    let (unfinished, unfinished_from_memory) = ok(unfinished.await);
+    let mut followed = Vec::new();
+    for follower in followers {
+        followed.push(ok(follower.await));
+    }
     ok(appender.close().await);
 
+    let from_memory: u64 = followed.iter().map(|(_, m)| m).sum();
     assert_eq!(
         log.records_read(),
-        (
-            complete_from_memory + unfinished_from_memory,
-            2 * complete.len() as u64 - complete_from_memory - unfinished_from_memory
-        )
+        (from_memory, 3 * followed[0].0.len() as u64 - from_memory)
     );
     let file = from_file(&log, Visibility::CompleteUnits);
     assert_eq!(file, from_file(&log, Visibility::Unfinished));
+    assert_eq!(file, from_file(&log, Visibility::Written));
     // 400 transactions (10 in chunks), 16 messages, 16 sequence records.
     let chunks = file.iter().filter(|r| !r.unit_end).count();
     assert_eq!(file.len() - chunks, 400 + 16 + 16);
     assert!(chunks >= 10, "{chunks} chunks");
-    assert!(
-        complete == file,
-        "what a reader of complete units took differs from the file"
-    );
-    assert!(
-        unfinished == file,
-        "what a reader of unfinished units took differs from the file"
-    );
+    let kinds = ["complete units", "unfinished units", "written records"];
+    for (kind, (records, _)) in kinds.iter().zip(&followed) {
+        assert!(
+            *records == file,
+            "what a reader of {kind} took differs from the file"
+        );
+    }
     // Most records came from memory (about 390 of 442 here): all but
     // those of a large transaction and the few after it (read from the
     // file until its reader subscribes again).
-    for (kind, from_memory) in [
-        ("complete units", complete_from_memory),
-        ("unfinished units", unfinished_from_memory),
-    ] {
+    for (kind, (_, from_memory)) in kinds.iter().zip(&followed) {
         assert!(
-            from_memory as usize > file.len() * 3 / 4,
+            *from_memory as usize > file.len() * 3 / 4,
             "the reader of {kind} took {from_memory} of {} records from memory",
             file.len()
         );

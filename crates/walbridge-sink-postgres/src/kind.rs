@@ -182,9 +182,13 @@ impl Sink for Opened {
 
     /// A unit is applied in one target transaction that commits only at
     /// its end, so the sink can start on a large transaction or the
-    /// initial copy while the rest is still arriving.
+    /// initial copy while the rest is still arriving; and a small
+    /// transaction as soon as the log has written it, while its fsync runs:
+    /// the target stores the LSN it applied up to with what it applied, and
+    /// the applier passes over what ends at or before it (a transaction the
+    /// log lost in a crash comes again from the publisher with its LSN).
     fn visibility(&self) -> Visibility {
-        Visibility::Unfinished
+        Visibility::Written
     }
 
     fn per_source(&self) -> bool {

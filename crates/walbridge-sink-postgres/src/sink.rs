@@ -141,6 +141,7 @@ impl PostgresSink {
                 client,
                 catalog,
                 progress,
+                applied,
                 state: self.state.clone(),
             })?;
             self.appliers.insert(name.clone(), applier);

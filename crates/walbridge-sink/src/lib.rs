@@ -209,7 +209,9 @@ pub trait Sink: Send + Sync {
 
     /// Which log records it is given: whole units, or also the records of
     /// units still being written (a sink that commits only at a unit's end
-    /// can start on a large transaction early).
+    /// can start on a large transaction early), or besides small units
+    /// before their fsync (a sink that passes over what its target holds by
+    /// LSN; see [`Visibility::Written`]).
     fn visibility(&self) -> Visibility;
 
     /// True when each source is applied on its own (runs, fails and is

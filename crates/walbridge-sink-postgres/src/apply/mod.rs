@@ -15,6 +15,16 @@
 //! whole and the run ends; the next run resumes from the position the
 //! target holds. Nothing is applied twice and nothing is skipped.
 //!
+//! The log shows the sink a small transaction as soon as it is written,
+//! before its fsync ([`walbridge_log::Visibility::Written`]), so the target
+//! may commit a transaction the log then loses in a crash. The publisher
+//! still has it (the source confirms only what the log made durable) and
+//! sends it again, with the same LSN, after the position the log kept; and
+//! a run that resumes while the log is running starts at the durable end,
+//! which may be before what the target holds. So the applier passes over
+//! every transaction ending at or before the position the target held when
+//! the run began.
+//!
 //! A position is acknowledged (to the log and through it to the publisher)
 //! only once the target has it durably: at once with a synchronous commit,
 //! otherwise when the target's WAL flush position passes the commit.
@@ -359,8 +369,11 @@ pub struct Applier {
     published: Published,
     /// Sequences found missing on the target (said once).
     missing_sequences: HashSet<String>,
-    /// Inside a unit meant for another sink.
+    /// Inside a unit meant for another sink, or one the target holds.
     passing: bool,
+    /// The position the target held when the run began: a transaction
+    /// ending at or before it is there already.
+    applied_before: Option<Lsn>,
     /// Target tables the current source transaction truncated.
     truncated: HashSet<Oid>,
 }
@@ -379,6 +392,8 @@ pub struct ApplierParts {
     pub catalog: TargetCatalog,
     /// Where progress is stored.
     pub progress: ProgressStore,
+    /// The position the target holds, read as the run began.
+    pub applied: Option<Lsn>,
     /// The sink's shared state.
     pub state: Arc<SinkState>,
 }
@@ -433,6 +448,7 @@ impl Applier {
             published,
             missing_sequences: HashSet::new(),
             passing: false,
+            applied_before: parts.applied,
             truncated: HashSet::new(),
         })
     }
@@ -536,6 +552,11 @@ impl Applier {
             // A unit for another sink (`resync --sink`): nothing of it,
             // but its place in the log still counts.
             SourceEvent::Begin(info) if info.passes_over(&self.sink) => {
+                self.passing = true;
+                Ok(())
+            }
+            SourceEvent::Begin(info) if self.applied_before.is_some_and(|a| info.end_lsn <= a) => {
+                tracing::info!(sink = %self.sink, source = %self.source.name, xid = info.xid, end_lsn = %info.end_lsn, "passing over a transaction the target already holds (applied while the log made it durable, and read again after a restart)");
                 self.passing = true;
                 Ok(())
             }
