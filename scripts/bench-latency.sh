@@ -76,6 +76,10 @@ echo "INSERT INTO lat (payload) VALUES (repeat('x', 100));" > "$work/insert.sql"
 # Reader $1's slot, and the database its postgres sink writes into.
 slot() { echo "wb_${1//-/_}"; }
 target_db() { [ "$1" = postgres ] && echo wb || echo wb_base; }
+# Reader $1's sink name: the two postgres sinks' replication origins
+# (named after sink and source) are the subscriber cluster's, not a
+# database's, so each needs its own.
+sink_name() { echo "out_${1//-/_}"; }
 
 # Slots for walbridge, made now so that every reader starts from here.
 for reader in $readers; do
@@ -116,7 +120,7 @@ slot = "$(slot "$1")"
 create_slot = false
 copy_data = false
 [[sink]]
-name = "out"
+name = "$(sink_name "$1")"
 $sink
 $extra
 CONF

@@ -133,6 +133,10 @@ impl PostgresSink {
                 progress = %progress,
                 "resuming from the target's stored position"
             );
+            let log_end = source.log.head().last_lsn;
+            if let Some(applied) = applied.filter(|&a| a > log_end) {
+                tracing::warn!(sink = %self.config.name, source = %name, %applied, %log_end, progress = %progress, "the target holds a position past the end of the source's log: transactions ending at or before it are passed over as applied. Expected when the sink restarts while the log is making what it applied durable (it applies small transactions before their fsync), or after a crash took them from the log (the publisher sends them again); otherwise another walbridge's sink of this name, for a source of this name, stores its position there (a replication origin belongs to the whole target cluster): give one of them another name");
+            }
             let catalog = TargetCatalog::new(connect(&self.config, &params).await?);
             let applier = Applier::new(ApplierParts {
                 sink: self.config.name.clone(),
