@@ -52,7 +52,7 @@ struct Inner {
 }
 
 /// Where readable records end, for each visibility.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Ends {
     /// One past the last record of complete units.
     pub head_next: u64,

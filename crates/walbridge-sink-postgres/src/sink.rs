@@ -145,7 +145,7 @@ impl PostgresSink {
                 client,
                 catalog,
                 progress,
-                applied,
+                applied_before: applied,
                 state: self.state.clone(),
             })?;
             self.appliers.insert(name.clone(), applier);

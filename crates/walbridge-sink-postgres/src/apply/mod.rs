@@ -392,8 +392,8 @@ pub struct ApplierParts {
     pub catalog: TargetCatalog,
     /// Where progress is stored.
     pub progress: ProgressStore,
-    /// The position the target holds, read as the run began.
-    pub applied: Option<Lsn>,
+    /// The position the target held when the run began.
+    pub applied_before: Option<Lsn>,
     /// The sink's shared state.
     pub state: Arc<SinkState>,
 }
@@ -448,7 +448,7 @@ impl Applier {
             published,
             missing_sequences: HashSet::new(),
             passing: false,
-            applied_before: parts.applied,
+            applied_before: parts.applied_before,
             truncated: HashSet::new(),
         })
     }
