@@ -222,8 +222,7 @@ fn metrics_status_and_readiness_follow_a_sink_stopped_on_a_conflict() {
         "{samples:#?}"
     );
     let synced = |samples: &[Sample]| {
-        syncs(samples, "appender").unwrap_or(f64::NAN)
-            + syncs(samples, "writer").unwrap_or(f64::NAN)
+        syncs(samples, "sync").unwrap_or(f64::NAN) + syncs(samples, "writer").unwrap_or(f64::NAN)
     };
     let synced_before = synced(&samples);
     let before = read(&samples, "memory").unwrap_or(f64::NAN);

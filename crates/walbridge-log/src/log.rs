@@ -184,8 +184,9 @@ pub(crate) struct Shared {
     pub read_from_memory: AtomicU64,
     /// Records readers read from the file.
     pub read_from_file: AtomicU64,
-    /// Fsyncs of the records made by an appender writing its own batch …
-    pub synced_by_appender: AtomicU64,
+    /// Fsyncs of the records made by the sync thread (of the batches
+    /// appenders wrote themselves, and `interval`'s) …
+    pub synced_by_sync_thread: AtomicU64,
     /// … and by the writer thread.
     pub synced_by_writer: AtomicU64,
 }
@@ -286,7 +287,7 @@ impl Log {
             handoff: Handoff::new(head.next_seq),
             read_from_memory: AtomicU64::new(0),
             read_from_file: AtomicU64::new(0),
-            synced_by_appender: AtomicU64::new(0),
+            synced_by_sync_thread: AtomicU64::new(0),
             synced_by_writer: AtomicU64::new(0),
         });
         let writer = LogWriter::start(shared.clone(), active, tail.valid_end, tail.index, head)?;
@@ -302,11 +303,11 @@ impl Log {
         )
     }
 
-    /// Fsyncs of its records since it was opened: `(by an appender writing
-    /// its own batch, by the writer thread)` (see [`LogWriter::begin_batch`]).
+    /// Fsyncs of its records since it was opened: `(by the sync thread, by
+    /// the writer thread)` (see [`LogWriter::begin_batch`]).
     pub fn syncs(&self) -> (u64, u64) {
         (
-            self.shared.synced_by_appender.load(Ordering::Relaxed),
+            self.shared.synced_by_sync_thread.load(Ordering::Relaxed),
             self.shared.synced_by_writer.load(Ordering::Relaxed),
         )
     }

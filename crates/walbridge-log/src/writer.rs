@@ -12,19 +12,27 @@
 //!
 //! Written here: an appender whose batch is a caught-up stream's
 //! transactions, nothing waiting after them ([`LogWriter::begin_batch`]: one,
-//! or the few a publisher sends back to back), writes and fsyncs it
-//! itself, on its own thread, when nothing is queued for the writer thread
-//! and its last fsync was quick ([`QUICK_SYNC`]). On a steady stream that spares each
-//! transaction two wake-ups of another thread (the writer's, then the
-//! reader's task, woken from a thread outside the runtime), which on a busy
-//! machine each wait for a core. The rules do not change: one state, behind
+//! or the few a publisher sends back to back), writes it itself, on its own
+//! thread, when nothing is queued for the writer thread and the last fsync
+//! was quick ([`QUICK_SYNC`]). On a steady stream that spares each
+//! transaction a wake-up of the writer thread, and its readers of written
+//! records run next on the appender's own thread (a runtime worker). The
+//! fsync of what it wrote is the sync thread's: the appender goes on to its
+//! next batch while the records are made durable, and the sync thread
+//! publishes what was written when its fsync began (one fsync covers every
+//! batch written before it, so a stream faster than the disk's fsyncs
+//! shares them). The rules do not change: one state, behind
 //! one lock, appended in order (the writer thread's queue is empty before
 //! the appender writes, and the appender hands anything that needs a new
 //! segment, or finds the disk full, to the thread, after what it added);
-//! readers see what it wrote once it is durable. A backlog goes to the
-//! thread, which writes and fsyncs one batch while the next is decoded and
-//! encoded (written here, a catch-up's batches kept a runtime worker
-//! waiting on each fsync, and took longer).
+//! readers other than those of written records see what it wrote once it
+//! is durable. A backlog goes to the thread, which writes and fsyncs one
+//! batch while the next is decoded and encoded (written here, a catch-up's
+//! batches kept a runtime worker waiting on each fsync, and took longer).
+//!
+//! With `fsync = "interval"` what is written is published at once and the
+//! sync thread fsyncs it once per interval, without the lock: the writers
+//! never wait for that fsync.
 //!
 //! A full disk is not a failure: a write that finds no room is cut back to
 //! the last whole record (a partial write would leave bytes no frame
@@ -38,7 +46,7 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::{Semaphore, mpsc, watch};
@@ -85,8 +93,6 @@ enum Command {
         /// Queue bytes to give back once written.
         permits: u32,
     },
-    /// Time for an `interval` fsync.
-    Sync,
     /// Write what an appender left in the buffer (it found the disk full).
     Write,
 }
@@ -110,6 +116,8 @@ pub struct LogWriter {
     in_flight: Arc<AtomicUsize>,
     /// The batch under way is written here ([`LogWriter::begin_batch`]).
     here: AtomicBool,
+    /// Wakes the sync thread (with `state`'s lock).
+    to_sync: Arc<Condvar>,
 }
 
 impl LogWriter {
@@ -133,28 +141,11 @@ impl LogWriter {
         };
         let (tx, rx) = mpsc::channel(QUEUE);
         let in_flight = Arc::new(AtomicUsize::new(0));
-        if let FsyncPolicy::Interval(every) = shared.options.fsync {
-            let weak = tx.downgrade();
-            let in_flight = in_flight.clone();
-            std::thread::Builder::new()
-                .name("walbridge-log-sync".into())
-                .spawn(move || {
-                    loop {
-                        std::thread::sleep(every);
-                        let Some(tx) = weak.upgrade() else { return };
-                        in_flight.fetch_add(1, Ordering::AcqRel);
-                        if tx.blocking_send(Command::Sync).is_err() {
-                            return;
-                        }
-                    }
-                })
-                .map_err(LogError::io("start a thread for", &shared.dir))?;
-        }
         let failure = Arc::new(watch::Sender::new(None));
         let queued = Arc::new(Semaphore::new(QUEUE_BYTES));
         let state = Arc::new(Mutex::new(WriterState {
             shared: shared.clone(),
-            file,
+            file: Arc::new(file),
             base,
             len,
             allocated,
@@ -166,20 +157,42 @@ impl LogWriter {
             next_seq: head.next_seq,
             last_unit_lsn: head.last_lsn,
             tail: head,
+            unit_tail: head,
+            in_file: InFile {
+                tail: head,
+                unit_tail: head,
+            },
             written: head,
             handed: Vec::new(),
             buffer: Vec::with_capacity(WRITE_BATCH + (1 << 20)),
-            unsynced: false,
-            pending_head: None,
+            writes: 0,
+            synced_writes: 0,
+            stopping: false,
             last_sync: Instant::now(),
             sync_took: Duration::ZERO,
         }));
+        let to_sync = Arc::new(Condvar::new());
+        let sync_thread = SyncThread {
+            shared: shared.clone(),
+            state: state.clone(),
+            to_sync: to_sync.clone(),
+            failure: failure.clone(),
+        };
+        let sync_handle = std::thread::Builder::new()
+            .name("walbridge-log-sync".into())
+            .spawn(move || {
+                if let Err(e) = sync_thread.run() {
+                    report_failure(&sync_thread.shared, &sync_thread.failure, &e);
+                }
+            })
+            .map_err(LogError::io("start a thread for", &shared.dir))?;
         let thread = WriterThread {
             shared: shared.clone(),
             state: state.clone(),
             queued: queued.clone(),
             in_flight: in_flight.clone(),
             failure: failure.clone(),
+            to_sync: to_sync.clone(),
         };
         let handle = std::thread::Builder::new()
             .name("walbridge-log-writer".into())
@@ -188,9 +201,13 @@ impl LogWriter {
                 if let Err(e) = &result {
                     report_failure(&thread.shared, &thread.failure, e);
                 }
+                // Whatever ended the writer, the sync thread makes durable
+                // what is written (unless a failure was reported) and ends.
+                thread.stop_syncing(sync_handle);
                 result
             })
-            .map_err(LogError::io("start a thread for", &shared.dir))?;
+            .map_err(LogError::io("start a thread for", &shared.dir))
+            .inspect_err(|_| stop_syncing(&state, &to_sync))?;
         Ok(LogWriter {
             commands: tx,
             thread: Some(handle),
@@ -201,6 +218,7 @@ impl LogWriter {
             state,
             in_flight,
             here: AtomicBool::new(false),
+            to_sync,
         })
     }
 
@@ -337,31 +355,40 @@ impl LogWriter {
         }
         let written = {
             let mut state = self.lock()?;
+            if self.failure.borrow().is_some() {
+                // The sync thread failed: write nothing more.
+                return Err(self.stopped());
+            }
             match state.write_buffer() {
-                Ok(()) => Ok(Some(state.show_written())),
+                Ok(()) => {
+                    state.update_shared();
+                    let woken = state.show_written();
+                    match self.shared.options.fsync {
+                        FsyncPolicy::Always => self.to_sync.notify_one(),
+                        FsyncPolicy::Interval(_) => state.publish(),
+                    }
+                    Ok(Some(woken))
+                }
                 Err(e) if e.is_disk_full() => Ok(None),
                 Err(e) => Err(e),
             }
         };
-        let synced = match written {
-            Ok(None) => return self.send(Command::Write).await,
+        match written {
+            Ok(None) => self.send(Command::Write).await,
             Ok(Some(woken)) => {
                 if woken {
                     // The readers of written records were woken on this
                     // thread, a runtime worker, as its next task (which no
-                    // other worker takes): let them run before the fsync
-                    // holds the thread.
+                    // other worker takes): let them run before the next batch.
                     tokio::task::yield_now().await;
                 }
-                self.lock().and_then(|mut state| {
-                    state.sync_as_due(false, Syncer::Appender)?;
-                    state.publish();
-                    Ok(())
-                })
+                Ok(())
             }
-            Err(e) => Err(e),
-        };
-        synced.inspect_err(|e| report_failure(&self.shared, &self.failure, e))
+            Err(e) => {
+                report_failure(&self.shared, &self.failure, &e);
+                Err(e)
+            }
+        }
     }
 
     fn stopped(&self) -> LogError {
@@ -398,8 +425,8 @@ impl LogWriter {
 /// Who fsyncs the log's records (counted apart: see [`Log::syncs`]).
 #[derive(Clone, Copy)]
 enum Syncer {
-    /// An appender writing its own batch ([`LogWriter::end_batch`]).
-    Appender,
+    /// The sync thread ([`SyncThread`]).
+    SyncThread,
     /// The writer thread.
     Writer,
 }
@@ -407,9 +434,11 @@ enum Syncer {
 /// The writer's state, locked by the thread or by an appender writing its
 /// own batch; a panic in either while holding it stops the writer.
 fn lock(state: &Mutex<WriterState>) -> Result<MutexGuard<'_, WriterState>, LogError> {
-    state
-        .lock()
-        .map_err(|_| LogError::WriterStopped("a writer of the log panicked".into()))
+    state.lock().map_err(|_| poisoned())
+}
+
+fn poisoned() -> LogError {
+    LogError::WriterStopped("a writer of the log panicked".into())
 }
 
 /// Says why the writer stopped, to the log and to whoever waits on it
@@ -419,6 +448,79 @@ fn report_failure(shared: &Shared, failure: &watch::Sender<Option<String>>, e: &
     failure.send_replace(Some(e.to_string()));
 }
 
+/// Tells the sync thread to make durable what is written and end.
+fn stop_syncing(state: &Mutex<WriterState>, to_sync: &Condvar) {
+    // A poisoned lock: the writer panicked, and the sync thread, finding
+    // the lock poisoned too, ends.
+    if let Ok(mut state) = state.lock() {
+        state.stopping = true;
+    }
+    to_sync.notify_one();
+}
+
+/// The sync thread: fsyncs what the appenders wrote (with `fsync =
+/// "always"`, as soon as it is written, and publishes it), or once per
+/// interval (with `interval`), without holding the state's lock while the
+/// fsync runs, so that the next batch is written meanwhile.
+struct SyncThread {
+    shared: Arc<Shared>,
+    state: Arc<Mutex<WriterState>>,
+    to_sync: Arc<Condvar>,
+    failure: Arc<watch::Sender<Option<String>>>,
+}
+
+impl SyncThread {
+    fn run(&self) -> Result<(), LogError> {
+        let mut state = lock(&self.state)?;
+        loop {
+            if self.failure.borrow().is_some() {
+                // Nothing written after a failure is to be published.
+                return Ok(());
+            }
+            let unsynced = state.unsynced();
+            let due = match self.shared.options.fsync {
+                FsyncPolicy::Always => true,
+                FsyncPolicy::Interval(every) => {
+                    state.stopping || state.last_sync.elapsed() >= every
+                }
+            };
+            if !(due && unsynced) {
+                if state.stopping {
+                    return Ok(());
+                }
+                state = match self.shared.options.fsync {
+                    // Woken by a write (or the writer thread ending).
+                    FsyncPolicy::Always => self.to_sync.wait(state).map_err(|_| poisoned())?,
+                    // Nothing tells of a write: look again an interval on.
+                    FsyncPolicy::Interval(every) => {
+                        let wait = match unsynced {
+                            true => every.saturating_sub(state.last_sync.elapsed()),
+                            false => every,
+                        };
+                        let (state, _) = self
+                            .to_sync
+                            .wait_timeout(state, wait)
+                            .map_err(|_| poisoned())?;
+                        state
+                    }
+                };
+                continue;
+            }
+            let (file, writes, to) = (state.file.clone(), state.writes, state.in_file);
+            let path = segment_path(&self.shared.dir, state.base);
+            drop(state);
+            let started = Instant::now();
+            let synced = file.sync_data().map_err(LogError::io("fsync", path));
+            state = lock(&self.state)?;
+            synced?;
+            state.synced(writes, started, Syncer::SyncThread);
+            if matches!(self.shared.options.fsync, FsyncPolicy::Always) {
+                state.publish_to(to);
+            }
+        }
+    }
+}
+
 /// The writer thread: applies queued commands to the state.
 struct WriterThread {
     shared: Arc<Shared>,
@@ -426,6 +528,7 @@ struct WriterThread {
     queued: Arc<Semaphore>,
     in_flight: Arc<AtomicUsize>,
     failure: Arc<watch::Sender<Option<String>>>,
+    to_sync: Arc<Condvar>,
 }
 
 impl WriterThread {
@@ -436,7 +539,6 @@ impl WriterThread {
                 // An appender writing a batch itself failed: write nothing more.
                 return Ok(());
             }
-            let mut sync_due = false;
             let mut applied = 0;
             let mut released = 0;
             let mut next = Some(first);
@@ -462,7 +564,6 @@ impl WriterThread {
                         state.add(&payload, entry, lsn, unit_end);
                         released += permits as usize;
                     }
-                    Command::Sync => sync_due = true,
                     Command::Write => {}
                 }
                 if state.buffer.len() < WRITE_BATCH {
@@ -474,9 +575,7 @@ impl WriterThread {
             if !written {
                 return Ok(());
             }
-            state.show_written();
-            state.sync_as_due(sync_due, Syncer::Writer)?;
-            state.publish();
+            state.make_readable()?;
             self.queued.add_permits(released);
             // Under the lock: an appender that finds nothing in flight finds it all written.
             self.in_flight.fetch_sub(applied, Ordering::AcqRel);
@@ -486,12 +585,30 @@ impl WriterThread {
             // An appender's write failed: what it left is not to be written.
             return Ok(());
         }
+        if state.buffer.is_empty() {
+            // An appender's last batch is made durable by the sync thread
+            // as it stops ([`WriterThread::stop_syncing`]).
+            return Ok(());
+        }
+        // What an appender left after finding the disk full.
         let written;
         (state, written) = self.until_room(state, &commands, WriterState::write_buffer)?;
-        if written && state.unsynced {
-            state.sync(Syncer::Writer)?;
+        if written {
+            state.make_readable()?;
         }
         Ok(())
+    }
+
+    /// Stops the sync thread once it has made durable what is written, and waits for it.
+    fn stop_syncing(&self, sync_thread: std::thread::JoinHandle<()>) {
+        stop_syncing(&self.state, &self.to_sync);
+        if sync_thread.join().is_err() {
+            report_failure(
+                &self.shared,
+                &self.failure,
+                &LogError::WriterStopped("the log's sync thread panicked".into()),
+            );
+        }
     }
 
     fn lock(&self) -> Result<MutexGuard<'_, WriterState>, LogError> {
@@ -546,7 +663,8 @@ impl WriterThread {
 /// what readers have been shown.
 struct WriterState {
     shared: Arc<Shared>,
-    file: File,
+    /// Shared with the sync thread while it fsyncs.
+    file: Arc<File>,
     base: u64,
     /// Bytes in the segment, including those buffered.
     len: u64,
@@ -566,8 +684,11 @@ struct WriterState {
     last_unit_lsn: Lsn,
     /// The end of the last record added, complete unit or not.
     tail: Head,
-    /// The end of the last complete unit added and not yet published.
-    pending_head: Option<Head>,
+    /// The end of the last complete unit added.
+    unit_tail: Head,
+    /// Where what is written to the file ends (what an fsync begun now
+    /// makes durable).
+    in_file: InFile,
     /// The end of what [`crate::Visibility::Written`] readers may see once
     /// it is written: the whole units handed off that follow the durable
     /// end with nothing else between.
@@ -575,10 +696,25 @@ struct WriterState {
     /// Records of this batch with their entries, to hand off.
     handed: Vec<ReadRecord>,
     buffer: Vec<u8>,
-    unsynced: bool,
+    /// Writes made, and how many of them the last fsync made durable
+    /// (those made before it began).
+    writes: u64,
+    synced_writes: u64,
+    /// The writer thread has ended: the sync thread makes durable what is
+    /// written and ends.
+    stopping: bool,
     /// When the last fsync was, and how long it took.
     last_sync: Instant,
     sync_took: Duration,
+}
+
+/// Where the records written to the file end.
+#[derive(Clone, Copy, Debug)]
+struct InFile {
+    /// All of them …
+    tail: Head,
+    /// … and the complete units.
+    unit_tail: Head,
 }
 
 impl std::fmt::Debug for WriterState {
@@ -662,7 +798,7 @@ impl WriterState {
         }
         if unit_end {
             self.last_unit_lsn = lsn;
-            self.pending_head = Some(self.tail);
+            self.unit_tail = self.tail;
         }
     }
 
@@ -684,37 +820,40 @@ impl WriterState {
         }
         self.allocated = self.allocated.max(self.len);
         self.buffer.clear();
-        self.unsynced = true;
+        self.writes += 1;
+        self.in_file = InFile {
+            tail: self.tail,
+            unit_tail: self.unit_tail,
+        };
         Ok(())
     }
 
+    /// Something written is not yet durable.
+    fn unsynced(&self) -> bool {
+        self.writes > self.synced_writes
+    }
+
+    /// Fsyncs what is written, holding the lock (the sync thread fsyncs without it).
     fn sync(&mut self, by: Syncer) -> Result<(), LogError> {
         let started = Instant::now();
         self.file.sync_data().map_err(LogError::io(
             "fsync",
             segment_path(&self.shared.dir, self.base),
         ))?;
-        match by {
-            Syncer::Appender => &self.shared.synced_by_appender,
-            Syncer::Writer => &self.shared.synced_by_writer,
-        }
-        .fetch_add(1, Ordering::Relaxed);
-        self.unsynced = false;
-        self.last_sync = Instant::now();
-        self.sync_took = self.last_sync - started;
+        self.synced(self.writes, started, by);
         Ok(())
     }
 
-    /// Fsyncs what is written, if the policy says it is time (or `due`).
-    fn sync_as_due(&mut self, due: bool, by: Syncer) -> Result<(), LogError> {
-        let time = match self.shared.options.fsync {
-            FsyncPolicy::Always => true,
-            FsyncPolicy::Interval(every) => due || self.last_sync.elapsed() >= every,
-        };
-        if time && self.unsynced {
-            self.sync(by)?;
+    /// Notes an fsync begun at `started`, when `writes` writes were made.
+    fn synced(&mut self, writes: u64, started: Instant, by: Syncer) {
+        match by {
+            Syncer::SyncThread => &self.shared.synced_by_sync_thread,
+            Syncer::Writer => &self.shared.synced_by_writer,
         }
-        Ok(())
+        .fetch_add(1, Ordering::Relaxed);
+        self.synced_writes = self.synced_writes.max(writes);
+        self.last_sync = Instant::now();
+        self.sync_took = self.last_sync - started;
     }
 
     /// Seals the current segment (written, cut to its records, fsynced,
@@ -727,7 +866,6 @@ impl WriterState {
                 segment_path(&self.shared.dir, self.base),
             ))?;
             self.allocated = self.len;
-            self.unsynced = true;
         }
         self.sync(Syncer::Writer)?;
         let dir = self.shared.dir.clone();
@@ -740,13 +878,14 @@ impl WriterState {
         self.update_shared();
         let base = self.next_seq;
         let spare = self.spares.as_ref().and_then(Spares::take);
-        (self.file, self.allocated) = match spare {
+        let (file, allocated) = match spare {
             Some(spare) => self.install(spare, base)?,
             None => (
                 create_segment(&dir, base, self.last_unit_lsn)?,
                 SEGMENT_HEADER_LEN,
             ),
         };
+        (self.file, self.allocated) = (Arc::new(file), allocated);
         self.base = base;
         self.len = SEGMENT_HEADER_LEN;
         self.writing_since = None;
@@ -777,7 +916,10 @@ impl WriterState {
         }
     }
 
-    /// Copies the current segment's length, end and new index entries to the shared state.
+    /// Copies the current segment's length, end and new index entries to
+    /// the shared state; only once what they describe is written (the
+    /// sync thread, which may publish while records are in the buffer,
+    /// does not).
     fn update_shared(&mut self) {
         let size = {
             let mut state = self.shared.state();
@@ -815,24 +957,56 @@ impl WriterState {
         send_if_moved(&self.shared.written, written) && self.shared.written.receiver_count() > 0
     }
 
-    /// Makes what is written readable: durable (as the fsync policy says),
-    /// and complete units up to the last one added.
-    fn publish(&mut self) {
-        let head = self.pending_head.take();
+    /// Makes readable what the writer thread wrote: shown to readers of
+    /// written records, fsynced (with `fsync = "always"`), published.
+    fn make_readable(&mut self) -> Result<(), LogError> {
+        self.show_written();
+        if matches!(self.shared.options.fsync, FsyncPolicy::Always) {
+            self.sync(Syncer::Writer)?;
+        }
         self.update_shared();
-        let tail = self.tail;
-        self.written = tail;
-        let ends = Ends {
-            head_next: head.map_or_else(|| self.shared.head.borrow().next_seq, |h| h.next_seq),
-            durable_next: tail.next_seq,
-            written_next: tail.next_seq,
+        self.publish();
+        Ok(())
+    }
+
+    /// Makes readable everything written (see [`Self::publish_to`]).
+    fn publish(&mut self) {
+        self.publish_to(self.in_file);
+    }
+
+    /// Makes readable what was written `to` that point: durable (as the
+    /// fsync policy says), and its complete units. Ends only move forward
+    /// (the writer thread may have published past an fsync of the sync
+    /// thread's that began earlier).
+    fn publish_to(&mut self, to: InFile) {
+        if to.tail.next_seq <= self.shared.durable.borrow().next_seq {
+            return;
+        }
+        // What is added after `to` may not be written yet (an appender
+        // fills the buffer while the sync thread publishes): the end
+        // written records are shown to moves only up to `to`.
+        if self.written.next_seq < to.tail.next_seq {
+            self.written = to.tail;
+        }
+        let shown = *self.shared.written.borrow();
+        let written = if shown.next_seq < to.tail.next_seq {
+            to.tail
+        } else {
+            shown
         };
-        // Before the ends move: a reader they wake finds its records queued.
-        self.shared.handoff.hand_over(&mut self.handed, ends);
-        send_if_moved(&self.shared.written, tail);
-        send_if_moved(&self.shared.durable, tail);
-        if let Some(head) = head {
-            self.shared.head.send_replace(head);
+        let head = self.shared.head.borrow().next_seq;
+        let ends = Ends {
+            head_next: head.max(to.unit_tail.next_seq),
+            durable_next: to.tail.next_seq,
+            written_next: written.next_seq,
+        };
+        // Before the ends move: a reader they wake finds its records
+        // queued (handed over when they were written, by `show_written`).
+        self.shared.handoff.hand_over(&mut Vec::new(), ends);
+        send_if_moved(&self.shared.written, written);
+        send_if_moved(&self.shared.durable, to.tail);
+        if to.unit_tail.next_seq > head {
+            self.shared.head.send_replace(to.unit_tail);
         }
     }
 }

@@ -56,6 +56,21 @@ async fn append_all(writer: &LogWriter, range: std::ops::Range<u64>) {
     }
 }
 
+/// Appends message `i`, with `size` bytes of content, as a unit readers
+/// may take from memory.
+async fn append_message(writer: &LogWriter, i: u64, size: usize) {
+    let message = LogicalMessage {
+        lsn: Lsn(i * 10),
+        transactional: false,
+        prefix: format!("r{i}"),
+        content: Bytes::from(vec![1u8; size]),
+    };
+    let payload = RecordEncoder::default().message(&message);
+    ok(writer
+        .append_unit(payload, Entry::Message(message), Lsn(i * 10 + 5))
+        .await);
+}
+
 /// Appends `range` on a task of its own (appends may wait at max_size); the task returns the writer.
 fn spawn_appends(
     writer: LogWriter,
@@ -441,7 +456,21 @@ async fn interval_fsync_makes_appends_readable_at_once_and_survives_reopen() {
     let (log, writer, _) = ok(Log::open(dir.path(), options.clone()));
     append_all(&writer, 0..100).await;
     wait_for_head(&log, 100).await;
-    tokio::time::sleep(Duration::from_millis(120)).await;
+    // The last segment's records are fsynced within the interval by the
+    // sync thread, nothing more appended; the writer thread fsyncs only
+    // the segments it seals.
+    let synced = tokio::time::timeout(Duration::from_secs(10), async {
+        while log.syncs().0 == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(
+        synced.is_ok(),
+        "no fsync by the sync thread: {:?}",
+        log.syncs()
+    );
+    assert_eq!(log.syncs().1, segments(dir.path()).len() as u64 - 1);
     ok(writer.close().await);
     let (log, writer, recovery) = ok(Log::open(dir.path(), options));
     assert_eq!(recovery.truncated_bytes, 0);
@@ -900,6 +929,107 @@ async fn a_batch_alone_is_readable_when_its_appender_ends_it() {
     let (log, writer, recovery) = ok(Log::open(dir.path(), options));
     assert_eq!(recovery.truncated_bytes, 0);
     assert_eq!(read_all(&log, 0).len() as u64, next);
+    ok(writer.close().await);
+}
+
+/// A batch alone, with every write fsynced: the appender writes it and
+/// goes on; readers of written records take it at once, and the sync
+/// thread makes it durable, then readable to the rest. Later batches go
+/// to the appender or, after a slow fsync, to the writer thread; closing
+/// the writer makes durable the last.
+#[tokio::test]
+async fn a_batch_alone_is_made_durable_by_the_sync_thread_while_its_appender_goes_on() {
+    let dir = ok(tempfile::tempdir());
+    let (log, writer, _) = ok(Log::open(dir.path(), LogOptions::default()));
+    let mut written = ok(log.reader_with(0, Visibility::Written));
+    let mut next = 0;
+    for size in 1..=20 {
+        writer.begin_batch(true);
+        for i in next..next + size {
+            append_message(&writer, i, 0).await;
+        }
+        ok(writer.end_batch().await);
+        for i in next..next + size {
+            let record = loop {
+                match ok(written.try_next()) {
+                    Some(record) => break record,
+                    // Only the first batch is sure to be the appender's.
+                    None if size > 1 => written.wait().await,
+                    None => panic!("the first batch was not shown at once"),
+                }
+            };
+            assert_eq!((record.seq, prefix(&record.entry)), (i, format!("r{i}")));
+        }
+        next += size;
+        if size == 1 {
+            wait_for_head(&log, next).await;
+            assert_eq!(log.syncs(), (1, 0), "fsynced by the sync thread");
+        }
+    }
+    ok(writer.close().await);
+    assert_eq!(log.head().next_seq, next, "durable at close");
+    let (log, writer, recovery) = ok(Log::open(dir.path(), LogOptions::default()));
+    assert_eq!(recovery.truncated_bytes, 0);
+    assert_eq!(read_all(&log, 0).len() as u64, next);
+    ok(writer.close().await);
+}
+
+/// Readers of each visibility follow an appender writing batch after
+/// batch while the sync thread makes earlier ones durable: whenever the
+/// sync thread publishes, the appender may have records in the buffer not
+/// written yet, and no end may take those in. Every reader gets every
+/// record, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_follow_an_appender_while_the_sync_thread_publishes_behind_it() {
+    let dir = ok(tempfile::tempdir());
+    let (log, writer, _) = ok(Log::open(dir.path(), small_segments()));
+    let total = 600;
+    let readers: Vec<_> = [
+        Visibility::Written,
+        Visibility::Unfinished,
+        Visibility::CompleteUnits,
+    ]
+    .into_iter()
+    .map(|visibility| {
+        let mut reader = ok(log.reader_with(0, visibility));
+        tokio::spawn(async move {
+            let mut next = 0;
+            while next < total {
+                match reader.try_next() {
+                    Ok(Some(record)) => {
+                        assert_eq!(
+                            (record.seq, prefix(&record.entry)),
+                            (next, format!("r{next}")),
+                            "{visibility:?}"
+                        );
+                        next += 1;
+                    }
+                    Ok(None) => reader.wait().await,
+                    Err(e) => panic!("{visibility:?} at {next}: {e}"),
+                }
+            }
+        })
+    })
+    .collect();
+    let mut next = 0;
+    while next < total {
+        let size = (next % 3 + 1).min(total - next);
+        writer.begin_batch(true);
+        for i in next..next + size {
+            if i > next {
+                // The sync thread's fsync of the previous batch ends while
+                // this one is in the buffer.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            append_message(&writer, i, (i % 200) as usize).await;
+        }
+        ok(writer.end_batch().await);
+        next += size;
+    }
+    for reader in readers {
+        let done = tokio::time::timeout(Duration::from_secs(30), reader).await;
+        assert!(matches!(done, Ok(Ok(()))), "{done:?}");
+    }
     ok(writer.close().await);
 }
 

@@ -1035,11 +1035,12 @@ mod tests {
     }
 
     /// The few transactions a publisher sends back to back (one WAL flush)
-    /// are a caught-up stream's: the appender writes them with one fsync
-    /// of its own, no wake-up of the writer thread. More than [`BURST`] is a
-    /// backlog, which the thread writes while the next batches are read.
+    /// are a caught-up stream's: the appender writes them itself, no
+    /// wake-up of the writer thread, and the sync thread makes them durable
+    /// with one fsync. More than [`BURST`] is a backlog, which the writer
+    /// thread writes while the next batches are read.
     #[tokio::test]
-    async fn transactions_that_came_together_are_written_with_one_fsync_by_the_appender() {
+    async fn transactions_that_came_together_are_written_by_the_appender_with_one_fsync() {
         assert_eq!(append_queued(3).await, (1, 0));
         assert_eq!(append_queued(BURST as u64).await, (1, 0));
         let (_, by_writer) = append_queued(3 * BURST as u64).await;

@@ -593,7 +593,7 @@ impl Observed {
         );
         describe_counter!(
             "walbridge_log_syncs_total",
-            "Fsyncs of the source's log's records since walbridge started, by who made them: appender (a caught-up stream's transactions, written by the task that appends them) or writer (the log's writer thread: a backlog, the initial copy, a large transaction, a slow disk)."
+            "Fsyncs of the source's log's records since walbridge started, by who made them: sync (the log's sync thread: a caught-up stream's transactions, written by the task that appends them and made durable while it appends the next; and every fsync of `fsync = \"interval\"`) or writer (the log's writer thread: a backlog, the initial copy, a large transaction, a slow disk)."
         );
         describe_gauge!(
             "walbridge_log_start_lsn",
@@ -721,9 +721,9 @@ impl Observed {
                 .absolute(from_memory);
             counter!("walbridge_log_records_read_total", "source" => name.clone(), "from" => "file")
                 .absolute(from_file);
-            let (by_appender, by_writer) = source.log.syncs();
-            counter!("walbridge_log_syncs_total", "source" => name.clone(), "by" => "appender")
-                .absolute(by_appender);
+            let (by_sync_thread, by_writer) = source.log.syncs();
+            counter!("walbridge_log_syncs_total", "source" => name.clone(), "by" => "sync")
+                .absolute(by_sync_thread);
             counter!("walbridge_log_syncs_total", "source" => name.clone(), "by" => "writer")
                 .absolute(by_writer);
             if let Some(start) = status.log.start_lsn {
