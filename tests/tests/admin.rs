@@ -222,7 +222,10 @@ fn metrics_status_and_readiness_follow_a_sink_stopped_on_a_conflict() {
         "{samples:#?}"
     );
     let synced = |samples: &[Sample]| {
-        syncs(samples, "sync").unwrap_or(f64::NAN) + syncs(samples, "writer").unwrap_or(f64::NAN)
+        ["appender", "sync", "writer"]
+            .iter()
+            .map(|by| syncs(samples, by).unwrap_or(f64::NAN))
+            .sum::<f64>()
     };
     let synced_before = synced(&samples);
     let before = read(&samples, "memory").unwrap_or(f64::NAN);

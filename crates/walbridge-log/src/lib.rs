@@ -43,7 +43,7 @@ mod writer;
 pub use append::{Appender, MAX_CHUNK_BYTES};
 pub use cursor::{CursorFile, CursorPosition, CursorState};
 pub use error::LogError;
-pub use log::{FsyncPolicy, Head, Log, LogOptions, Recovery, Visibility, WhenFull};
+pub use log::{FsyncPolicy, Head, Log, LogOptions, Recovery, Syncs, Visibility, WhenFull};
 pub use reader::{LogReader, ReadRecord};
 pub use record::{Entry, RecordDecoder, RecordEncoder, RecordError};
 pub use writer::{LogWriter, WRITE_BATCH};

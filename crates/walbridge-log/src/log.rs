@@ -184,8 +184,10 @@ pub(crate) struct Shared {
     pub read_from_memory: AtomicU64,
     /// Records readers read from the file.
     pub read_from_file: AtomicU64,
-    /// Fsyncs of the records made by the sync thread (of the batches
-    /// appenders wrote themselves, and `interval`'s) …
+    /// Fsyncs of the records made by an appender writing its own batch …
+    pub synced_by_appender: AtomicU64,
+    /// … by the sync thread (of the batches appenders wrote themselves
+    /// while readers of written records follow, and `interval`'s) …
     pub synced_by_sync_thread: AtomicU64,
     /// … and by the writer thread.
     pub synced_by_writer: AtomicU64,
@@ -205,6 +207,19 @@ impl Shared {
             Visibility::Written => &self.written,
         }
     }
+}
+
+/// Fsyncs of a log's records, by who made them ([`Log::syncs`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Syncs {
+    /// An appender writing its own batch, which nothing reads before it is durable.
+    pub appender: u64,
+    /// The sync thread: batches appenders wrote while readers of written
+    /// records follow, and every fsync of `fsync = "interval"`.
+    pub sync_thread: u64,
+    /// The writer thread: a backlog, the initial copy, a large transaction,
+    /// a new segment.
+    pub writer: u64,
 }
 
 /// A source's durable, transaction-ordered log. Cheap to clone; every clone
@@ -287,6 +302,7 @@ impl Log {
             handoff: Handoff::new(head.next_seq),
             read_from_memory: AtomicU64::new(0),
             read_from_file: AtomicU64::new(0),
+            synced_by_appender: AtomicU64::new(0),
             synced_by_sync_thread: AtomicU64::new(0),
             synced_by_writer: AtomicU64::new(0),
         });
@@ -303,13 +319,14 @@ impl Log {
         )
     }
 
-    /// Fsyncs of its records since it was opened: `(by the sync thread, by
-    /// the writer thread)` (see [`LogWriter::begin_batch`]).
-    pub fn syncs(&self) -> (u64, u64) {
-        (
-            self.shared.synced_by_sync_thread.load(Ordering::Relaxed),
-            self.shared.synced_by_writer.load(Ordering::Relaxed),
-        )
+    /// Fsyncs of its records since it was opened, by who made them (see
+    /// [`LogWriter::begin_batch`]).
+    pub fn syncs(&self) -> Syncs {
+        Syncs {
+            appender: self.shared.synced_by_appender.load(Ordering::Relaxed),
+            sync_thread: self.shared.synced_by_sync_thread.load(Ordering::Relaxed),
+            writer: self.shared.synced_by_writer.load(Ordering::Relaxed),
+        }
     }
 
     /// The log's directory.

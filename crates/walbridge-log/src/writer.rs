@@ -15,13 +15,22 @@
 //! or the few a publisher sends back to back), writes it itself, on its own
 //! thread, when nothing is queued for the writer thread and the last fsync
 //! was quick ([`QUICK_SYNC`]). On a steady stream that spares each
-//! transaction a wake-up of the writer thread, and its readers of written
-//! records run next on the appender's own thread (a runtime worker). The
-//! fsync of what it wrote is the sync thread's: the appender goes on to its
-//! next batch while the records are made durable, and the sync thread
-//! publishes what was written when its fsync began (one fsync covers every
-//! batch written before it, so a stream faster than the disk's fsyncs
-//! shares them). The rules do not change: one state, behind
+//! transaction a wake-up of the writer thread, and the readers it wakes run
+//! next on the appender's own thread (a runtime worker). Who fsyncs it
+//! depends on who waits for that:
+//! * while readers of written records ([`crate::Visibility::Written`])
+//!   follow the log, the sync thread: they have the records before the
+//!   fsync, and the appender goes on to its next batch while the sync
+//!   thread makes this one durable and publishes what was written when its
+//!   fsync began (one fsync covers every batch written before it, so a
+//!   stream faster than the disk's fsyncs shares them). In the appender's
+//!   path, the fsync made the next transaction wait before it was received;
+//! * otherwise the appender, before it publishes: every reader waits for
+//!   the fsync, and handing it to another thread only adds that thread's
+//!   wake-ups to their delay (measured: the log's share at 1,000
+//!   transactions/s 0.25 against 0.17 ms).
+//!
+//! The rules do not change: one state, behind
 //! one lock, appended in order (the writer thread's queue is empty before
 //! the appender writes, and the appender hands anything that needs a new
 //! segment, or finds the disk full, to the thread, after what it added);
@@ -359,36 +368,50 @@ impl LogWriter {
                 // The sync thread failed: write nothing more.
                 return Err(self.stopped());
             }
-            match state.write_buffer() {
-                Ok(()) => {
-                    state.update_shared();
-                    let woken = state.show_written();
-                    match self.shared.options.fsync {
-                        FsyncPolicy::Always => self.to_sync.notify_one(),
-                        FsyncPolicy::Interval(_) => state.publish(),
-                    }
-                    Ok(Some(woken))
+            let written = state.write_buffer().map(|()| {
+                state.update_shared();
+                let woken = state.show_written();
+                let to_sync_thread = self.shared.written.receiver_count() > 0
+                    && matches!(self.shared.options.fsync, FsyncPolicy::Always);
+                if to_sync_thread {
+                    // Readers of written records have it: the sync thread
+                    // makes it durable while this task goes on.
+                    self.to_sync.notify_one();
                 }
+                (woken, to_sync_thread)
+            });
+            match written {
+                Ok(written) => Ok(Some(written)),
                 Err(e) if e.is_disk_full() => Ok(None),
                 Err(e) => Err(e),
             }
         };
-        match written {
-            Ok(None) => self.send(Command::Write).await,
-            Ok(Some(woken)) => {
-                if woken {
-                    // The readers of written records were woken on this
-                    // thread, a runtime worker, as its next task (which no
-                    // other worker takes): let them run before the next batch.
-                    tokio::task::yield_now().await;
-                }
-                Ok(())
-            }
+        let (woken, to_sync_thread) = match written {
+            Ok(Some(written)) => written,
+            Ok(None) => return self.send(Command::Write).await,
             Err(e) => {
                 report_failure(&self.shared, &self.failure, &e);
-                Err(e)
+                return Err(e);
             }
+        };
+        if woken {
+            // The readers of written records were woken on this thread, a
+            // runtime worker, as its next task (which no other worker
+            // takes): let them run before this one goes on.
+            tokio::task::yield_now().await;
         }
+        if to_sync_thread {
+            return Ok(());
+        }
+        self.lock()
+            .and_then(|mut state| {
+                if matches!(self.shared.options.fsync, FsyncPolicy::Always) {
+                    state.sync(Syncer::Appender)?;
+                }
+                state.publish();
+                Ok(())
+            })
+            .inspect_err(|e| report_failure(&self.shared, &self.failure, e))
     }
 
     fn stopped(&self) -> LogError {
@@ -425,6 +448,8 @@ impl LogWriter {
 /// Who fsyncs the log's records (counted apart: see [`Log::syncs`]).
 #[derive(Clone, Copy)]
 enum Syncer {
+    /// An appender writing its own batch ([`LogWriter::end_batch`]).
+    Appender,
     /// The sync thread ([`SyncThread`]).
     SyncThread,
     /// The writer thread.
@@ -847,6 +872,7 @@ impl WriterState {
     /// Notes an fsync begun at `started`, when `writes` writes were made.
     fn synced(&mut self, writes: u64, started: Instant, by: Syncer) {
         match by {
+            Syncer::Appender => &self.shared.synced_by_appender,
             Syncer::SyncThread => &self.shared.synced_by_sync_thread,
             Syncer::Writer => &self.shared.synced_by_writer,
         }

@@ -460,7 +460,7 @@ async fn interval_fsync_makes_appends_readable_at_once_and_survives_reopen() {
     // sync thread, nothing more appended; the writer thread fsyncs only
     // the segments it seals.
     let synced = tokio::time::timeout(Duration::from_secs(10), async {
-        while log.syncs().0 == 0 {
+        while log.syncs().sync_thread == 0 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
@@ -470,7 +470,9 @@ async fn interval_fsync_makes_appends_readable_at_once_and_survives_reopen() {
         "no fsync by the sync thread: {:?}",
         log.syncs()
     );
-    assert_eq!(log.syncs().1, segments(dir.path()).len() as u64 - 1);
+    let syncs = log.syncs();
+    assert_eq!(syncs.writer, segments(dir.path()).len() as u64 - 1);
+    assert_eq!(syncs.appender, 0);
     ok(writer.close().await);
     let (log, writer, recovery) = ok(Log::open(dir.path(), options));
     assert_eq!(recovery.truncated_bytes, 0);
@@ -963,7 +965,8 @@ async fn a_batch_alone_is_made_durable_by_the_sync_thread_while_its_appender_goe
         next += size;
         if size == 1 {
             wait_for_head(&log, next).await;
-            assert_eq!(log.syncs(), (1, 0), "fsynced by the sync thread");
+            let syncs = log.syncs();
+            assert_eq!((syncs.sync_thread, syncs.writer), (1, 0), "{syncs:?}");
         }
     }
     ok(writer.close().await);

@@ -593,7 +593,7 @@ impl Observed {
         );
         describe_counter!(
             "walbridge_log_syncs_total",
-            "Fsyncs of the source's log's records since walbridge started, by who made them: sync (the log's sync thread: a caught-up stream's transactions, written by the task that appends them and made durable while it appends the next; and every fsync of `fsync = \"interval\"`) or writer (the log's writer thread: a backlog, the initial copy, a large transaction, a slow disk)."
+            "Fsyncs of the source's log's records since walbridge started, by who made them: appender (a caught-up stream's transactions, written and fsynced by the task that appends them, when no sink reads records before they are durable), sync (the log's sync thread: such transactions while a postgres sink follows, which applies them before they are durable, so that the appending task goes on meanwhile; and every fsync of `fsync = \"interval\"`) or writer (the log's writer thread: a backlog, the initial copy, a large transaction, a slow disk)."
         );
         describe_gauge!(
             "walbridge_log_start_lsn",
@@ -721,11 +721,15 @@ impl Observed {
                 .absolute(from_memory);
             counter!("walbridge_log_records_read_total", "source" => name.clone(), "from" => "file")
                 .absolute(from_file);
-            let (by_sync_thread, by_writer) = source.log.syncs();
-            counter!("walbridge_log_syncs_total", "source" => name.clone(), "by" => "sync")
-                .absolute(by_sync_thread);
-            counter!("walbridge_log_syncs_total", "source" => name.clone(), "by" => "writer")
-                .absolute(by_writer);
+            let syncs = source.log.syncs();
+            for (by, count) in [
+                ("appender", syncs.appender),
+                ("sync", syncs.sync_thread),
+                ("writer", syncs.writer),
+            ] {
+                counter!("walbridge_log_syncs_total", "source" => name.clone(), "by" => by)
+                    .absolute(count);
+            }
             if let Some(start) = status.log.start_lsn {
                 gauge!("walbridge_log_start_lsn", "source" => name.clone()).set(start.0 as f64);
             }
