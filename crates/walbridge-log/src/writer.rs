@@ -355,9 +355,12 @@ impl LogWriter {
         self.here.store(here, Ordering::Relaxed);
     }
 
-    /// Ends a batch: one written here is now written, fsynced (as the
-    /// fsync policy says) and readable. A full disk leaves it to the
-    /// writer thread, which waits for room.
+    /// Ends a batch: one written here is now written and shown to readers
+    /// of written records, and fsynced (as the fsync policy says) and
+    /// readable to the rest — or, while readers of written records follow,
+    /// being fsynced by the sync thread, which then publishes it (see the
+    /// module's docs). A full disk leaves it to the writer thread, which
+    /// waits for room.
     pub async fn end_batch(&self) -> Result<(), LogError> {
         if !self.here.swap(false, Ordering::Relaxed) {
             return Ok(());
