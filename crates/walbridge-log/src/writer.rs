@@ -486,10 +486,11 @@ fn stop_syncing(state: &Mutex<WriterState>, to_sync: &Condvar) {
     to_sync.notify_one();
 }
 
-/// The sync thread: fsyncs what the appenders wrote (with `fsync =
-/// "always"`, as soon as it is written, and publishes it), or once per
-/// interval (with `interval`), without holding the state's lock while the
-/// fsync runs, so that the next batch is written meanwhile.
+/// The sync thread: fsyncs the batches appenders wrote while readers of
+/// written records follow (with `fsync = "always"`, as soon as each is
+/// written, then publishes it), or everything written once per interval
+/// (with `interval`), without holding the state's lock while the fsync
+/// runs, so that the next batch is written meanwhile.
 struct SyncThread {
     shared: Arc<Shared>,
     state: Arc<Mutex<WriterState>>,
