@@ -88,6 +88,11 @@ impl LogOptions {
     pub(crate) fn preallocates(&self) -> bool {
         self.preallocate && self.segment_size >= crate::spare::PREALLOCATE_MIN
     }
+
+    /// Whether every write is fsynced before it is published (`always`).
+    pub(crate) fn syncs_each_write(&self) -> bool {
+        matches!(self.fsync, FsyncPolicy::Always)
+    }
 }
 
 /// Which records a reader sees.

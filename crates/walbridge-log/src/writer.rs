@@ -375,7 +375,7 @@ impl LogWriter {
                 state.update_shared();
                 let woken = state.show_written();
                 let to_sync_thread = self.shared.written.receiver_count() > 0
-                    && matches!(self.shared.options.fsync, FsyncPolicy::Always);
+                    && self.shared.options.syncs_each_write();
                 if to_sync_thread {
                     // Readers of written records have it: the sync thread
                     // makes it durable while this task goes on.
@@ -408,7 +408,7 @@ impl LogWriter {
         }
         self.lock()
             .and_then(|mut state| {
-                if matches!(self.shared.options.fsync, FsyncPolicy::Always) {
+                if self.shared.options.syncs_each_write() {
                     state.sync(Syncer::Appender)?;
                 }
                 state.publish();
@@ -535,15 +535,15 @@ impl SyncThread {
                 };
                 continue;
             }
-            let (file, writes, to) = (state.file.clone(), state.writes, state.in_file);
-            let path = segment_path(&self.shared.dir, state.base);
+            let (file, base, writes, to) =
+                (state.file.clone(), state.base, state.writes, state.in_file);
             drop(state);
             let started = Instant::now();
-            let synced = file.sync_data().map_err(LogError::io("fsync", path));
+            let synced = sync_segment(&file, &self.shared, base);
             state = lock(&self.state)?;
             synced?;
             state.synced(writes, started, Syncer::SyncThread);
-            if matches!(self.shared.options.fsync, FsyncPolicy::Always) {
+            if self.shared.options.syncs_each_write() {
                 state.publish_to(to);
             }
         }
@@ -865,10 +865,7 @@ impl WriterState {
     /// Fsyncs what is written, holding the lock (the sync thread fsyncs without it).
     fn sync(&mut self, by: Syncer) -> Result<(), LogError> {
         let started = Instant::now();
-        self.file.sync_data().map_err(LogError::io(
-            "fsync",
-            segment_path(&self.shared.dir, self.base),
-        ))?;
+        sync_segment(&self.file, &self.shared, self.base)?;
         self.synced(self.writes, started, by);
         Ok(())
     }
@@ -991,7 +988,7 @@ impl WriterState {
     /// written records, fsynced (with `fsync = "always"`), published.
     fn make_readable(&mut self) -> Result<(), LogError> {
         self.show_written();
-        if matches!(self.shared.options.fsync, FsyncPolicy::Always) {
+        if self.shared.options.syncs_each_write() {
             self.sync(Syncer::Writer)?;
         }
         self.update_shared();
@@ -1039,6 +1036,13 @@ impl WriterState {
             self.shared.head.send_replace(to.unit_tail);
         }
     }
+}
+
+/// Fsyncs segment `base` (its path is built only for an error: this is
+/// every transaction's path).
+fn sync_segment(file: &File, shared: &Shared, base: u64) -> Result<(), LogError> {
+    file.sync_data()
+        .map_err(|e| LogError::io("fsync", segment_path(&shared.dir, base))(e))
 }
 
 /// Moves an end, waking its readers only if it moved (then true).
