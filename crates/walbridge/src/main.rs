@@ -308,6 +308,15 @@ fn load(path: &std::path::Path) -> Result<Config, Failure> {
     })
 }
 
+/// jemalloc, not glibc's malloc: walbridge allocates a change's values on
+/// the source's task and frees them on a sink's (or the log's writer
+/// thread), and glibc's per-thread arenas made malloc and free about a
+/// fifth of its CPU in a catch-up; with jemalloc the catch-up takes a
+/// quarter less CPU, and peak RSS stays about the same (README,
+/// Benchmarks).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     // A write past the file-size limit (RLIMIT_FSIZE) then fails with EFBIG,
     // which walbridge reports and handles like any write error, instead of
