@@ -93,7 +93,7 @@ floor_lane() {
     # The last lane to the end, should the table have grown.
     [ "$lane" -eq $(( lanes - 1 )) ] && hi=4294967295
     psql_db "$db" -c "COPY (SELECT * FROM $table WHERE ctid >= '($lo,0)'::tid AND ctid < '($hi,0)'::tid) TO STDOUT" \
-      | PGOPTIONS="-c synchronous_commit=off" sub "${db}_floor" -c "COPY $table FROM STDIN"
+      | PGOPTIONS="-c synchronous_commit=off" sub "${db}_floor" -c "COPY $table FROM STDIN" || return
   done
 }
 
@@ -101,11 +101,13 @@ floor_lane() {
 # indexes to every row and index.
 floor_copy() {
   local db=$1; shift
-  local lane
+  local lane pid pids=()
   for lane in $(seq 0 $(( lanes - 1 ))); do
-    floor_lane "$db" "$lane" "$@" &
+    floor_lane "$db" "$lane" "$@" & pids+=($!)
   done
-  wait
+  for pid in "${pids[@]}"; do
+    wait "$pid" || { echo "the floor's copy failed" >&2; exit 1; }
+  done
   PGOPTIONS="-c max_parallel_maintenance_workers=0" xargs -d '\n' -P "$lanes" -I{} \
     psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port2" -U postgres -d "${db}_floor" -c {} < "$work/$db.post.sql" >/dev/null
 }
