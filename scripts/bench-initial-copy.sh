@@ -65,13 +65,15 @@ make_source() {
     sub postgres -c "CREATE DATABASE ${db}_$side" >/dev/null
     sub "${db}_$side" <<<"$schema" >/dev/null
   done
-  # The floor's tables are made without indexes each round.
-  pg_dump --section=pre-data --no-publications -h 127.0.0.1 -p "$port" -U postgres "$db" > "$work/$db.pre.sql"
-  # Its indexes, one per line, built as walbridge builds them: a
-  # constraint's as a unique index that then becomes the constraint, so
-  # that it takes only a SHARE lock and the table's other indexes are built
-  # beside it.
-  sub "${db}_native" > "$work/$db.post.sql" <<'SQL'
+  # The floor (one table only, see above): its tables are made without
+  # indexes each round.
+  if [ $# -eq 1 ]; then
+    pg_dump --section=pre-data --no-publications -h 127.0.0.1 -p "$port" -U postgres "$db" > "$work/$db.pre.sql"
+    # Its indexes, one per line, built as walbridge builds them: a
+    # constraint's as a unique index that then becomes the constraint, so
+    # that it takes only a SHARE lock and the table's other indexes are built
+    # beside it.
+    sub "${db}_native" > "$work/$db.post.sql" <<'SQL'
 SELECT pg_get_indexdef(i.indexrelid)
        || CASE WHEN c.oid IS NULL THEN '' ELSE format('; ALTER TABLE %s ADD CONSTRAINT %I %s USING INDEX %I',
             i.indrelid::regclass, c.conname, CASE c.contype WHEN 'p' THEN 'PRIMARY KEY' ELSE 'UNIQUE' END, ic.relname) END
@@ -79,6 +81,7 @@ FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid
 JOIN pg_namespace n ON n.oid = ic.relnamespace AND n.nspname = 'public'
 LEFT JOIN pg_constraint c ON c.conindid = i.indexrelid AND c.contype IN ('p', 'u')
 SQL
+  fi
 }
 
 lanes=${LANES:-2}
