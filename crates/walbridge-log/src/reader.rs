@@ -68,11 +68,9 @@ impl LogReader {
         seq: u64,
         visibility: Visibility,
     ) -> Result<Self, LogError> {
-        let end = shared.end(visibility).subscribe();
-        let (base, pos, at) = Self::locate(&shared, seq, end.borrow().next_seq)?;
-        let mut reader = Self::open_at(shared, base, pos, at)?;
-        reader.visibility = visibility;
-        reader.head = end;
+        let end = shared.end(visibility).borrow().next_seq;
+        let (base, pos, at) = Self::locate(&shared, seq, end)?;
+        let mut reader = Self::open_at(shared, base, pos, at, visibility)?;
         reader.skip_to(seq)?;
         Ok(reader)
     }
@@ -138,12 +136,16 @@ impl LogReader {
         base: u64,
         pos: u64,
         seq: u64,
+        visibility: Visibility,
     ) -> Result<Self, LogError> {
         let path = segment_path(&shared.dir, base);
         let file = segment::open_at(&path, pos).map_err(LogError::io("open", &path))?;
+        if visibility != Visibility::Written {
+            shared.durable_readers.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(LogReader {
-            head: shared.head.subscribe(),
-            visibility: Visibility::CompleteUnits,
+            head: shared.end(visibility).subscribe(),
+            visibility,
             shared,
             base,
             path,
@@ -352,6 +354,9 @@ impl LogReader {
 
 impl Drop for LogReader {
     fn drop(&mut self) {
+        if self.visibility != Visibility::Written {
+            self.shared.durable_readers.fetch_sub(1, Ordering::Relaxed);
+        }
         if let Some(id) = self.subscription {
             self.shared.handoff.unsubscribe(id);
         }

@@ -24,7 +24,11 @@
 //!   thread makes this one durable and publishes what was written when its
 //!   fsync began (one fsync covers every batch written before it, so a
 //!   stream faster than the disk's fsyncs shares them). In the appender's
-//!   path, the fsync made the next transaction wait before it was received;
+//!   path, the fsync made the next transaction wait before it was received.
+//!   While nothing else waits for it (no reader of durable records is
+//!   open, and the readers of written records have everything written),
+//!   it fsyncs at most once per [`crate::LogOptions::sync_gap`], for all the
+//!   batches written since;
 //! * otherwise the appender, before it publishes: every reader waits for
 //!   the fsync, and handing it to another thread only adds that thread's
 //!   wake-ups to their delay (measured: the log's share at 1,000
@@ -179,6 +183,7 @@ impl LogWriter {
             stopping: false,
             last_sync: Instant::now(),
             sync_took: Duration::ZERO,
+            sync_waits: false,
         }));
         let to_sync = Arc::new(Condvar::new());
         let sync_thread = SyncThread {
@@ -376,9 +381,12 @@ impl LogWriter {
                 let woken = state.show_written();
                 let to_sync_thread = self.shared.written.receiver_count() > 0
                     && self.shared.options.syncs_each_write();
-                if to_sync_thread {
+                if to_sync_thread && (state.sync_waits || !state.nobody_waits()) {
                     // Readers of written records have it: the sync thread
-                    // makes it durable while this task goes on.
+                    // makes it durable while this task goes on. One that
+                    // holds back an fsync nobody waits for is woken only
+                    // when somebody does now (a reader of durable records
+                    // opened meanwhile).
                     self.to_sync.notify_one();
                 }
                 (woken, to_sync_thread)
@@ -506,46 +514,54 @@ impl SyncThread {
                 // Nothing written after a failure is to be published.
                 return Ok(());
             }
+            let gap = self.gap(&state);
             let unsynced = state.unsynced();
-            let due = match self.shared.options.fsync {
-                FsyncPolicy::Always => true,
-                FsyncPolicy::Interval(every) => {
-                    state.stopping || state.last_sync.elapsed() >= every
+            let since = state.last_sync.elapsed();
+            if unsynced && since >= gap {
+                let (file, base, writes, to) =
+                    (state.file.clone(), state.base, state.writes, state.in_file);
+                drop(state);
+                let started = Instant::now();
+                let synced = sync_segment(&file, &self.shared, base);
+                state = lock(&self.state)?;
+                synced?;
+                state.synced(writes, started, Syncer::SyncThread);
+                if self.shared.options.syncs_each_write() {
+                    state.publish_to(to);
                 }
-            };
-            if !(due && unsynced) {
-                if state.stopping {
-                    return Ok(());
-                }
-                state = match self.shared.options.fsync {
-                    // Woken by a write (or the writer thread ending).
-                    FsyncPolicy::Always => self.to_sync.wait(state).map_err(|_| poisoned())?,
-                    // Nothing tells of a write: look again an interval on.
-                    FsyncPolicy::Interval(every) => {
-                        let wait = match unsynced {
-                            true => every.saturating_sub(state.last_sync.elapsed()),
-                            false => every,
-                        };
-                        let (state, _) = self
-                            .to_sync
-                            .wait_timeout(state, wait)
-                            .map_err(|_| poisoned())?;
-                        state
-                    }
-                };
                 continue;
             }
-            let (file, base, writes, to) =
-                (state.file.clone(), state.base, state.writes, state.in_file);
-            drop(state);
-            let started = Instant::now();
-            let synced = sync_segment(&file, &self.shared, base);
-            state = lock(&self.state)?;
-            synced?;
-            state.synced(writes, started, Syncer::SyncThread);
-            if self.shared.options.syncs_each_write() {
-                state.publish_to(to);
+            if state.stopping {
+                return Ok(());
             }
+            state = match (unsynced, self.shared.options.fsync) {
+                // Woken by a write (or the writer thread ending).
+                (false, FsyncPolicy::Always) => {
+                    state.sync_waits = true;
+                    let mut state = self.to_sync.wait(state).map_err(|_| poisoned())?;
+                    state.sync_waits = false;
+                    state
+                }
+                // The gap's end, or, with `interval`, nothing tells of a
+                // write: look again an interval on.
+                _ => {
+                    let wait = if unsynced { gap - since } else { gap };
+                    self.to_sync
+                        .wait_timeout(state, wait)
+                        .map_err(|_| poisoned())?
+                        .0
+                }
+            };
+        }
+    }
+
+    /// How long after the last fsync the next one comes.
+    fn gap(&self, state: &WriterState) -> Duration {
+        match self.shared.options.fsync {
+            _ if state.stopping => Duration::ZERO,
+            FsyncPolicy::Interval(every) => every,
+            FsyncPolicy::Always if state.nobody_waits() => self.shared.options.sync_gap,
+            FsyncPolicy::Always => Duration::ZERO,
         }
     }
 }
@@ -735,6 +751,9 @@ struct WriterState {
     /// When the last fsync was, and how long it took.
     last_sync: Instant,
     sync_took: Duration,
+    /// The sync thread waits for a write to fsync (with `always`): an
+    /// appender's write wakes it.
+    sync_waits: bool,
 }
 
 /// Where the records written to the file end.
@@ -860,6 +879,14 @@ impl WriterState {
     /// Something written is not yet durable.
     fn unsynced(&self) -> bool {
         self.writes > self.synced_writes
+    }
+
+    /// Nothing waits for what is written to be durable but the source's
+    /// confirmation to the publisher: readers of written records have it
+    /// all, and no reader of durable records is open.
+    fn nobody_waits(&self) -> bool {
+        self.written.next_seq >= self.in_file.tail.next_seq
+            && self.shared.durable_readers.load(Ordering::Relaxed) == 0
     }
 
     /// Fsyncs what is written, holding the lock (the sync thread fsyncs without it).

@@ -909,6 +909,13 @@ async fn append_batch(writer: &LogWriter, range: std::ops::Range<u64>, alone: bo
     ok(writer.end_batch().await);
 }
 
+/// Appends message `i` as a batch alone (see [`LogWriter::begin_batch`]).
+async fn append_batch_of_message(writer: &LogWriter, i: u64) {
+    writer.begin_batch(true);
+    append_message(writer, i, 0).await;
+    ok(writer.end_batch().await);
+}
+
 /// A batch with nothing waiting after it is written, fsynced and readable
 /// by the time its appender ends it: the appender wrote it itself. (With
 /// a long fsync interval no fsync can make one slow, which would send the
@@ -974,6 +981,65 @@ async fn a_batch_alone_is_made_durable_by_the_sync_thread_while_its_appender_goe
     let (log, writer, recovery) = ok(Log::open(dir.path(), LogOptions::default()));
     assert_eq!(recovery.truncated_bytes, 0);
     assert_eq!(read_all(&log, 0).len() as u64, next);
+    ok(writer.close().await);
+}
+
+/// While only readers of written records follow the log, nothing waits
+/// for the batches appenders write to be durable: the readers have each
+/// at once, and the sync thread fsyncs none before the gap since the last
+/// fsync is over (an hour here: none at all). A reader of durable records
+/// opened meanwhile is not kept waiting: the next batch wakes the sync
+/// thread, which makes everything durable with one fsync, and each batch
+/// after it as it comes. Closing makes the rest durable.
+#[tokio::test]
+async fn batches_nobody_waits_for_share_the_sync_threads_fsyncs() {
+    let dir = ok(tempfile::tempdir());
+    let options = LogOptions {
+        sync_gap: Duration::from_secs(3600),
+        ..LogOptions::default()
+    };
+    let (log, writer, _) = ok(Log::open(dir.path(), options.clone()));
+    let mut written = ok(log.reader_with(0, Visibility::Written));
+    for i in 0..20 {
+        append_batch_of_message(&writer, i).await;
+        // The appender wrote it (no fsync has been slow) and showed it.
+        let record = ok(written.try_next());
+        assert_eq!(
+            record.map(|r| r.seq),
+            Some(i),
+            "batch {i} not shown at once"
+        );
+    }
+    // Time enough for an fsync that nothing held back.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let syncs = log.syncs();
+    assert_eq!(
+        (syncs.sync_thread, syncs.appender, syncs.writer),
+        (0, 0, 0),
+        "{syncs:?}"
+    );
+    assert_eq!(log.head().next_seq, 0);
+
+    let mut durable = ok(log.reader_with(0, Visibility::CompleteUnits));
+    append_batch_of_message(&writer, 20).await;
+    wait_for_head(&log, 21).await;
+    assert_eq!(log.syncs().sync_thread, 1, "{:?}", log.syncs());
+    for i in 21..30 {
+        append_batch_of_message(&writer, i).await;
+        wait_for_head(&log, i + 1).await;
+    }
+    for i in 0..30 {
+        let record = ok(durable.try_next());
+        assert_eq!(record.map(|r| r.seq), Some(i));
+    }
+    drop(durable);
+
+    append_batch_of_message(&writer, 30).await;
+    ok(writer.close().await);
+    assert_eq!(log.head().next_seq, 31, "durable at close");
+    let (log, writer, recovery) = ok(Log::open(dir.path(), options));
+    assert_eq!(recovery.truncated_bytes, 0);
+    assert_eq!(read_all(&log, 0).len(), 31);
     ok(writer.close().await);
 }
 

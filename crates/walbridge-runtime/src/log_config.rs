@@ -102,6 +102,8 @@ impl LogConfig {
                 WhenFullMode::DropSink => WhenFull::DropSink,
             },
             preallocate: self.preallocate,
+            // Not a setting: the source's confirmations set its bound.
+            ..LogOptions::default()
         }
     }
 
