@@ -158,6 +158,16 @@ impl PostgresSink {
     /// given to [`PostgresSink::resume`] is applied concurrently, each on
     /// its own connection, in its own commit order.
     pub async fn run(mut self, mut events: mpsc::Receiver<Routed>) -> Result<(), SinkError> {
+        if self.appliers.len() == 1
+            && let Some((_, applier)) = self.appliers.drain().next()
+        {
+            // One source (the usual case): its applier takes the sink's
+            // input itself, so a caught-up stream's transactions wake one
+            // task less each on their way.
+            let done = tokio::spawn(applier.run(events)).await;
+            self.state.flush();
+            return joined(done);
+        }
         let mut inputs = HashMap::new();
         let mut tasks = JoinSet::new();
         for (name, applier) in self.appliers.drain() {
