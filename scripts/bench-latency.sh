@@ -20,7 +20,10 @@
 # KINDS, default "postgres jsonl feed", then the next round), each waiting
 # first until every reader has caught up with what the others made. Per
 # rate and reader: the median over the rounds of each percentile, with the
-# lowest and highest round's p99, and CPU seconds per round.
+# lowest and highest round's p99, and CPU seconds per round; for walbridge,
+# each stage's mean delay and the share of transactions later than
+# TAIL_BUCKET seconds there (default 0.002; one of the delay histogram's
+# buckets, crates/walbridge-sink/src/delay.rs: 0.0005, 0.001, 0.002, …).
 #
 # BASELINE_BIN (another walbridge build, say of the previous commit) adds
 # a reader per kind run by that build, right after the one it is compared
@@ -196,7 +199,7 @@ sub_delays() { sub "$1" -c "SELECT extract(epoch FROM seen - created) * 1000 FRO
 # stage, `within` counting those that reached it within TAIL_BUCKET
 # seconds (walbridge_transaction_delay_seconds, see
 # crates/walbridge-sink/src/delay.rs; one of its buckets).
-TAIL_BUCKET=0.002
+TAIL_BUCKET=${TAIL_BUCKET:-0.002}
 delays_now() {
   python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' "http://$admin/metrics" | awk -v le="le=\"$TAIL_BUCKET\"" '
     /^walbridge_transaction_delay_seconds_(sum|count|bucket)\{/ {
