@@ -21,9 +21,11 @@
 # first until every reader has caught up with what the others made. Per
 # rate and reader: the median over the rounds of each percentile, with the
 # lowest and highest round's p99, and CPU seconds per round; for walbridge,
-# each stage's mean delay and the share of transactions later than
-# TAIL_BUCKET seconds there (default 0.002; one of the delay histogram's
-# buckets, crates/walbridge-sink/src/delay.rs: 0.0005, 0.001, 0.002, …).
+# each stage's mean delay (the first, "sent", is the publisher's share:
+# from the commit to the walsender's sending it) and the share of
+# transactions later than TAIL_BUCKET seconds there (default 0.002; one of
+# the delay histogram's buckets, crates/walbridge-sink/src/delay.rs:
+# 0.0005, 0.001, 0.002, …).
 #
 # BASELINE_BIN (another walbridge build, say of the previous commit) adds
 # a reader per kind run by that build, right after the one it is compared
@@ -198,12 +200,16 @@ sub_delays() { sub "$1" -c "SELECT extract(epoch FROM seen - created) * 1000 FRO
 # walbridge's transaction delays so far: "stage sum count within" per
 # stage, `within` counting those that reached it within TAIL_BUCKET
 # seconds (walbridge_transaction_delay_seconds, see
-# crates/walbridge-sink/src/delay.rs; one of its buckets).
+# crates/walbridge-sink/src/delay.rs; one of its buckets), and as stage
+# "sent" the publisher's share before them
+# (walbridge_publisher_send_delay_seconds: from the commit to the
+# walsender's sending it, crates/walbridge-source/src/send_delay.rs).
 TAIL_BUCKET=${TAIL_BUCKET:-0.002}
 delays_now() {
   python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' "http://$admin/metrics" | awk -v le="le=\"$TAIL_BUCKET\"" '
-    /^walbridge_transaction_delay_seconds_(sum|count|bucket)\{/ {
-      match($0, /stage="[a-z]+"/); stage = substr($0, RSTART + 7, RLENGTH - 8)
+    /^walbridge_(transaction|publisher_send)_delay_seconds_(sum|count|bucket)\{/ {
+      if ($1 ~ /^walbridge_publisher_send/) stage = "sent"
+      else { match($0, /stage="[a-z]+"/); stage = substr($0, RSTART + 7, RLENGTH - 8) }
       if ($1 ~ /_sum\{/) kind = "sum"
       else if ($1 ~ /_count\{/) kind = "count"
       else if (index($1, le)) kind = "within"
@@ -213,7 +219,7 @@ delays_now() {
     END { for (s in stages) printf "%s %s %s %s\n", s, v[s, "sum"], v[s, "count"], v[s, "within"] }'
 }
 # Between two delays_now readings, in the order a transaction passes the
-# stages, "received/read/delivered/applied": the mean delay (ms) at each,
+# stages, "sent/received/read/delivered/applied": the mean delay (ms) at each,
 # then (after a space) the share (%) of transactions later than
 # TAIL_BUCKET there — where a tail begins, which means cannot show.
 stage_delays() {
@@ -223,7 +229,7 @@ def parse(text):
     return {f[0]: tuple(float(x) for x in f[1:]) for f in (l.split() for l in text.splitlines()) if len(f) == 4}
 a, b = parse(sys.argv[1]), parse(sys.argv[2])
 means, late = [], []
-for stage in ("received", "read", "delivered", "applied"):
+for stage in ("sent", "received", "read", "delivered", "applied"):
     (s0, c0, w0), (s1, c1, w1) = a.get(stage, (0, 0, 0)), b.get(stage, (0, 0, 0))
     means.append(f"{1000 * (s1 - s0) / (c1 - c0):.3f}" if c1 > c0 else "-")
     late.append(f"{100 * (1 - (w1 - w0) / (c1 - c0)):.2f}" if c1 > c0 else "-")
@@ -326,8 +332,8 @@ for rate in dict.fromkeys(r[1] for r in rows):
 # Each stage's share of the mean delay: the mean time from the commit on
 # the publisher to each stage, median over the rounds, and the differences.
 print()
-print("| rate | reader | mean delay | publisher → received | → read (log fsync) | → delivered (sink queue) | → applied (sink) |")
-print("|---|---|---|---|---|---|---|")
+print("| rate | reader | mean delay | publisher → sent (its commit, the walsender) | → received (walbridge's source) | → read (log fsync) | → delivered (sink queue) | → applied (sink) |")
+print("|---|---|---|---|---|---|---|---|")
 def values_at(rounds, i):
     """Column i of each round, where it has one."""
     return [float(r[i]) for r in rounds if r[i] != "-"]
@@ -335,7 +341,7 @@ def median_at(rounds, i):
     values = values_at(rounds, i)
     return statistics.median(values) if values else None
 for rate, name, rounds, _ in stages:
-    points = [median_at(rounds, i) for i in range(4)]
+    points = [median_at(rounds, i) for i in range(5)]
     cells, last = [], 0.0
     for point in points:
         if point is None:
@@ -350,11 +356,11 @@ for rate, name, rounds, _ in stages:
 # stage that raises it adds to the p99; one that leaves it adds only to
 # the mean.
 print()
-print(f"| rate | reader | later than {tail_ms:g} ms at: received | read | delivered | applied |")
-print("|---|---|---|---|---|---|")
+print(f"| rate | reader | later than {tail_ms:g} ms at: sent | received | read | delivered | applied |")
+print("|---|---|---|---|---|---|---|")
 for rate, name, _, late in stages:
     cells = []
-    for i in range(4):
+    for i in range(5):
         values = values_at(late, i)
         cells.append(f"{statistics.median(values):.1f}% ({min(values):.1f}-{max(values):.1f})" if values else "-")
     print(f"| {float(rate):,.0f}/s | {name} | " + " | ".join(cells) + " |")

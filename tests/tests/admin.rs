@@ -136,6 +136,22 @@ fn metrics_status_and_readiness_follow_a_sink_stopped_on_a_conflict() {
         sums[0] > 0.0 && sums.windows(2).all(|w| w[0] <= w[1]),
         "delays by stage: {sums:?}"
     );
+    // The publisher's share: from each commit to the walsender's sending
+    // it (the publisher's clock; one machine here, so within `received`).
+    let sent = |what: &str| {
+        value(
+            &samples,
+            &format!("walbridge_publisher_send_delay_seconds_{what}"),
+            &[("source", "src")],
+        )
+    };
+    assert_eq!(sent("count"), Some(5.0), "{samples:#?}");
+    let sent = sent("sum").unwrap_or(f64::NAN);
+    assert!(
+        sent >= 0.0 && sent <= sums[0],
+        "sent {sent}, received {}",
+        sums[0]
+    );
     // One segment, holding the log from its beginning.
     assert_eq!(value(&samples, "walbridge_log_segments", &src), Some(1.0));
     assert_eq!(value(&samples, "walbridge_log_start_lsn", &src), Some(0.0));

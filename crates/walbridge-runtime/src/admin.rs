@@ -33,6 +33,7 @@ use tokio_rustls::server::TlsStream;
 
 use walbridge_core::BearerToken;
 use walbridge_sink::{DELAY_BUCKETS, DELAY_METRIC, describe_delay};
+use walbridge_source::{SEND_DELAY_METRIC, describe_send_delay};
 
 use crate::config::AdminConfig;
 use crate::error::RuntimeError;
@@ -126,9 +127,12 @@ pub async fn bind(config: &AdminConfig, data_dir: &std::path::Path) -> Result<Bo
     let prometheus = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full(DELAY_METRIC.into()), DELAY_BUCKETS)
         .map_err(recorder_failed)?
+        .set_buckets_for_metric(Matcher::Full(SEND_DELAY_METRIC.into()), DELAY_BUCKETS)
+        .map_err(recorder_failed)?
         .install_recorder()
         .map_err(recorder_failed)?;
     describe_delay();
+    describe_send_delay();
     let process = metrics_process::Collector::default();
     process.describe();
     Observed::describe_metrics();

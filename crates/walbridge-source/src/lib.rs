@@ -2,6 +2,7 @@
 
 pub mod pgoutput;
 mod reader;
+mod send_delay;
 
 pub use reader::ReadError;
 pub mod assembler;
@@ -20,6 +21,7 @@ mod state;
 pub mod wire;
 
 pub use config::SourceConfig;
+pub use send_delay::{SEND_DELAY_METRIC, describe_send_delay};
 pub use source::{
     Backoff, Downstream, HEARTBEAT_PREFIX, Source, SourceError, SourcePhase, SourceStats,
 };

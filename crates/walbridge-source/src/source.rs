@@ -18,6 +18,7 @@ use crate::config::{OnSlotLost, OriginFilter, SourceConfig};
 pub use crate::error::SourceError;
 use crate::feedback::Feedback;
 use crate::pgoutput::{Decoder, Message};
+use crate::send_delay::SendDelay;
 use crate::sequences::SequenceReader;
 use crate::slot::{self, SlotOptions, SlotPersistence, SnapshotAction};
 use crate::snapshot::{SnapshotError, SnapshotProgress, copy_tables};
@@ -960,6 +961,7 @@ impl Source {
         feedback.streamed = true;
         self.stats.set_phase(SourcePhase::Streaming);
         let mut decoder = Decoder::new();
+        let send_delay = SendDelay::new(&name);
         let mut types = TypeCatalog::new();
         let mut ticker = tokio::time::interval(Duration::from_secs(self.config.status_interval));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -1106,6 +1108,12 @@ impl Source {
                         let message = decoder
                             .decode(data)
                             .map_err(|e| SourceError::Decode(name.clone(), e))?;
+                        if let Message::Commit { commit_time, .. }
+                        | Message::StreamCommit { commit_time, .. }
+                        | Message::CommitPrepared { commit_time, .. } = &message
+                        {
+                            send_delay.sent(*commit_time, send_time);
+                        }
                         // Batch the reads only while the walsender is behind
                         // (see wire::batching): a transaction sent long after
                         // its commit says so, and so does one big enough to be
