@@ -622,6 +622,13 @@ impl WriterThread {
             }
             state.make_readable()?;
             self.queued.add_permits(released);
+            if self.shared.options.max_size.is_some() {
+                // An append waiting at max_size counts the log's size and
+                // the queue's bytes; the size moved (waking it) while these
+                // were still counted as queued, and retention may have
+                // freed room meanwhile: it looks again now.
+                self.shared.size.send_modify(|_| {});
+            }
             // Under the lock: an appender that finds nothing in flight finds it all written.
             self.in_flight.fetch_sub(applied, Ordering::AcqRel);
         }
