@@ -14,6 +14,10 @@
 //! so the differences between stages — each stage's share of the delay —
 //! hold whatever the skew. Means subtract exactly (from the histogram's
 //! `_sum` and `_count`); `scripts/bench-latency.sh` reports them that way.
+//! What of `received` is the publisher's own (its commit's flush, the
+//! walsender's decoding) the source measures apart, on the publisher's
+//! clock alone: `walbridge_publisher_send_delay_seconds`
+//! (`walbridge_source::SEND_DELAY_METRIC`).
 
 use std::time::SystemTime;
 
