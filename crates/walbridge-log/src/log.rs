@@ -188,6 +188,8 @@ pub(crate) struct Shared {
     pub options: LogOptions,
     state: Mutex<State>,
     pub head: watch::Sender<Head>,
+    /// `head`'s `last_lsn` alone, for the source (see [`Log::subscribe_last_lsn`]).
+    pub last_lsn: watch::Sender<Lsn>,
     /// The end of the durable records, complete units or not (see
     /// [`Visibility::Unfinished`]).
     pub durable: watch::Sender<Head>,
@@ -317,6 +319,7 @@ impl Log {
             options,
             state: Mutex::new(state),
             head: watch::Sender::new(head),
+            last_lsn: watch::Sender::new(head.last_lsn),
             durable: watch::Sender::new(head),
             written: watch::Sender::new(head),
             size: watch::Sender::new(size),
@@ -370,6 +373,15 @@ impl Log {
     /// Follows the readable end of the log.
     pub fn subscribe(&self) -> watch::Receiver<Head> {
         self.shared.head.subscribe()
+    }
+
+    /// Follows the LSN of the last readable record ([`Head::last_lsn`]):
+    /// what the source may confirm to the publisher. A watch of its own,
+    /// moved with the head, so that a source following it is woken by
+    /// nothing in between (a task converting `Head`s would be woken by
+    /// every transaction).
+    pub fn subscribe_last_lsn(&self) -> watch::Receiver<Lsn> {
+        self.shared.last_lsn.subscribe()
     }
 
     /// The oldest record still held.

@@ -1068,6 +1068,12 @@ impl WriterState {
         send_if_moved(&self.shared.durable, to.tail);
         if to.unit_tail.next_seq > head {
             self.shared.head.send_replace(to.unit_tail);
+            let lsn = to.unit_tail.last_lsn;
+            self.shared.last_lsn.send_if_modified(|at| {
+                let moved = *at < lsn;
+                *at = (*at).max(lsn);
+                moved
+            });
         }
     }
 }

@@ -124,8 +124,13 @@ fn segments(dir: &Path) -> Vec<std::path::PathBuf> {
 async fn records_read_back_in_order_from_any_position_across_segments() {
     let dir = ok(tempfile::tempdir());
     let (log, writer, _) = ok(Log::open(dir.path(), small_segments()));
+    let mut last_lsn = log.subscribe_last_lsn();
+    assert_eq!(*last_lsn.borrow_and_update(), Lsn::ZERO);
     append_all(&writer, 0..500).await;
     wait_for_head(&log, 500).await;
+    // The source's watch follows the head.
+    assert_eq!(last_lsn.has_changed().ok(), Some(true));
+    assert_eq!(*last_lsn.borrow(), Lsn(499 * 10 + 5));
     assert!(segments(dir.path()).len() > 5, "segments rolled");
     let all = read_all(&log, 0);
     assert_eq!(all.len(), 500);
@@ -143,6 +148,7 @@ async fn records_read_back_in_order_from_any_position_across_segments() {
     // Reopened: same content, indexes loaded, appends continue.
     let (log, writer, recovery) = ok(Log::open(dir.path(), small_segments()));
     assert_eq!(recovery.truncated_bytes, 0);
+    assert_eq!(*log.subscribe_last_lsn().borrow(), Lsn(499 * 10 + 5));
     assert_eq!(log.head().next_seq, 500);
     append_all(&writer, 500..510).await;
     wait_for_head(&log, 510).await;

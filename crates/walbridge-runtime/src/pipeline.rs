@@ -277,8 +277,6 @@ pub async fn run(config: Config, watch: impl FnOnce(Arc<Observed>)) -> Result<()
         let applied_rx = applied.subscribe();
         tokio::spawn(track_acks(log.clone(), acks, applied));
         let head = log.head();
-        let (durable_tx, durable_rx) = watch::channel(head.last_lsn);
-        tokio::spawn(forward_durable(log.subscribe(), durable_tx));
         let (events_tx, events_rx) = mpsc::channel::<EventBatch>(QUEUE);
         let name = source.name().to_owned();
         let received = SourceDelay::new(&name);
@@ -288,7 +286,7 @@ pub async fn run(config: Config, watch: impl FnOnce(Arc<Observed>)) -> Result<()
         ));
         let downstream = Downstream {
             events: events_tx,
-            durable: durable_rx,
+            durable: log.subscribe_last_lsn(),
             applied: applied_rx,
             resume_after: head.last_lsn,
         };
@@ -397,20 +395,6 @@ async fn append(
         appender.end_batch().await?;
     }
     appender.close().await
-}
-
-/// The source's `durable` position: the LSN of the log's readable end.
-async fn forward_durable(
-    mut head: watch::Receiver<walbridge_log::Head>,
-    durable: watch::Sender<Lsn>,
-) {
-    loop {
-        let lsn = head.borrow_and_update().last_lsn;
-        advance(&durable, lsn);
-        if head.changed().await.is_err() {
-            return;
-        }
-    }
 }
 
 /// Moves a position forward, never back, waking its receivers only when it moves.

@@ -991,10 +991,11 @@ impl Source {
                 // The log failed: stop now, not at the next change (a quiet
                 // database may send none for hours).
                 _ = events.closed() => return Err(SourceError::DownstreamClosed(name.clone())),
-                _ = flushed.changed() => {
-                    status_due.get_or_insert(last_status + STATUS_GAP);
-                    let durable = *flushed.borrow();
-                    tracker.durable(durable, &name).map_err(|e| SourceError::Backfill(name.clone(), e))?;
+                // While a status is due, the log's and the sinks' moves
+                // are not looked at (it reports them): at most a wake-up
+                // or two per STATUS_GAP, not one per transaction.
+                _ = flushed.changed(), if status_due.is_none() => {
+                    status_due = Some(last_status + STATUS_GAP);
                     None
                 }
                 Some(event) = tracker.next_event() => {
@@ -1029,14 +1030,15 @@ impl Source {
                     }
                     None
                 }
-                Ok(()) = applied.changed() => {
-                    status_due.get_or_insert(last_status + STATUS_GAP);
+                Ok(()) = applied.changed(), if status_due.is_none() => {
+                    status_due = Some(last_status + STATUS_GAP);
                     None
                 }
                 _ = tokio::time::sleep_until(status_due.unwrap_or(last_status)), if status_due.is_some() => {
                     status_due = None;
                     last_status = tokio::time::Instant::now();
                     let acked = *flushed.borrow();
+                    tracker.durable(acked, &name).map_err(|e| SourceError::Backfill(name.clone(), e))?;
                     self.send_status(&mut conn, feedback, acked, assembler).await?;
                     None
                 }
