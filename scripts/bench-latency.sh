@@ -207,21 +207,26 @@ sub_delays() { sub "$1" -c "SELECT extract(epoch FROM seen - created) * 1000 FRO
 TAIL_BUCKET=${TAIL_BUCKET:-0.002}
 delays_now() {
   python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' "http://$admin/metrics" | awk -v le="le=\"$TAIL_BUCKET\"" '
-    /^walbridge_(transaction|publisher_send)_delay_seconds_(sum|count|bucket)\{/ {
+    /^walbridge_((transaction|publisher_send)_delay|log_sync)_seconds_(sum|count|bucket)\{/ {
       if ($1 ~ /^walbridge_publisher_send/) stage = "sent"
+      else if ($1 ~ /^walbridge_log_sync/) stage = "fsync"
       else { match($0, /stage="[a-z]+"/); stage = substr($0, RSTART + 7, RLENGTH - 8) }
       if ($1 ~ /_sum\{/) kind = "sum"
       else if ($1 ~ /_count\{/) kind = "count"
       else if (index($1, le)) kind = "within"
       else next
-      v[stage, kind] = $2; stages[stage] = 1
+      # The fsyncs come by who made them: added up.
+      v[stage, kind] += $2; stages[stage] = 1
     }
     END { for (s in stages) printf "%s %s %s %s\n", s, v[s, "sum"], v[s, "count"], v[s, "within"] }'
 }
 # Between two delays_now readings, in the order a transaction passes the
 # stages, "sent/received/read/delivered/applied": the mean delay (ms) at each,
 # then (after a space) the share (%) of transactions later than
-# TAIL_BUCKET there — where a tail begins, which means cannot show.
+# TAIL_BUCKET there — where a tail begins, which means cannot show. Each
+# list ends with the log's fsyncs (walbridge_log_sync_seconds): their mean
+# time and the share slower than TAIL_BUCKET; last (after a space), the
+# fsyncs per transaction received.
 stage_delays() {
   python3 -c '
 import sys
@@ -229,11 +234,13 @@ def parse(text):
     return {f[0]: tuple(float(x) for x in f[1:]) for f in (l.split() for l in text.splitlines()) if len(f) == 4}
 a, b = parse(sys.argv[1]), parse(sys.argv[2])
 means, late = [], []
-for stage in ("sent", "received", "read", "delivered", "applied"):
+for stage in ("sent", "received", "read", "delivered", "applied", "fsync"):
     (s0, c0, w0), (s1, c1, w1) = a.get(stage, (0, 0, 0)), b.get(stage, (0, 0, 0))
     means.append(f"{1000 * (s1 - s0) / (c1 - c0):.3f}" if c1 > c0 else "-")
     late.append(f"{100 * (1 - (w1 - w0) / (c1 - c0)):.2f}" if c1 > c0 else "-")
-print("/".join(means), "/".join(late))' "$1" "$2"
+fsyncs, received = (b.get(k, (0, 0, 0))[1] - a.get(k, (0, 0, 0))[1] for k in ("fsync", "received"))
+# A build without the fsync times counts none.
+print("/".join(means), "/".join(late), f"{fsyncs / received:.2f}" if received > 0 and fsyncs > 0 else "-")' "$1" "$2"
 }
 
 # CPU seconds of walbridge ($1, or - for none), the publisher and the
@@ -302,7 +309,7 @@ for rate in $rates; do
 done
 
 # Columns: reader rate round tps walbridge-cpu publisher-cpu subscriber-cpu
-# count p50 p95 p99 max stage-means stage-late-shares.
+# count p50 p95 p99 max stage-means stage-late-shares fsyncs-per-transaction.
 python3 - "$results" "$duration" "$TAIL_BUCKET" <<'PY'
 import statistics, sys
 rows = [line.split() for line in open(sys.argv[1])]
@@ -327,7 +334,8 @@ for rate in dict.fromkeys(r[1] for r in rows):
               f"| {med(8):.2f} ms | {med(9):.2f} ms | {med(10):.2f} ms ({min(p99):.2f}-{max(p99):.2f}) | {med(11):.1f} ms "
               f"| {share(4)} / {share(5)} / {share(6)} of a core |")
         if kind != "native":
-            stages.append((rate, names[kind], [r[12].split("/") for r in mine], [r[13].split("/") for r in mine]))
+            stages.append((rate, names[kind], [r[12].split("/") for r in mine], [r[13].split("/") for r in mine],
+                           [r[14] for r in mine]))
 
 # Each stage's share of the mean delay: the mean time from the commit on
 # the publisher to each stage, median over the rounds, and the differences.
@@ -340,7 +348,7 @@ def values_at(rounds, i):
 def median_at(rounds, i):
     values = values_at(rounds, i)
     return statistics.median(values) if values else None
-for rate, name, rounds, _ in stages:
+for rate, name, rounds, *_ in stages:
     points = [median_at(rounds, i) for i in range(5)]
     cells, last = [], 0.0
     for point in points:
@@ -358,10 +366,24 @@ for rate, name, rounds, _ in stages:
 print()
 print(f"| rate | reader | later than {tail_ms:g} ms at: sent | received | read | delivered | applied |")
 print("|---|---|---|---|---|---|---|")
-for rate, name, _, late in stages:
-    cells = []
-    for i in range(5):
-        values = values_at(late, i)
-        cells.append(f"{statistics.median(values):.1f}% ({min(values):.1f}-{max(values):.1f})" if values else "-")
+def spread(values, unit, digits):
+    """The median over the rounds (lowest-highest)."""
+    if not values:
+        return "-"
+    median, low, high = statistics.median(values), min(values), max(values)
+    return f"{median:.{digits}f}{unit} ({low:.{digits}f}-{high:.{digits}f})"
+for rate, name, _, late, _ in stages:
+    cells = [spread(values_at(late, i), "%", 1) for i in range(5)]
     print(f"| {float(rate):,.0f}/s | {name} | " + " | ".join(cells) + " |")
+
+# The log's fsyncs (the wait of the readers of durable records: jsonl,
+# the feed): how many per transaction, their mean time, and the share
+# slower than the tail bucket (median over the rounds, lowest-highest).
+print()
+print(f"| rate | reader | log fsyncs per transaction | mean fsync | fsyncs slower than {tail_ms:g} ms |")
+print("|---|---|---|---|---|")
+for rate, name, rounds, late, per_txn in stages:
+    per_txn = [float(x) for x in per_txn if x != "-"]
+    print(f"| {float(rate):,.0f}/s | {name} | {spread(per_txn, '', 2)} | {spread(values_at(rounds, 5), ' ms', 3)} "
+          f"| {spread(values_at(late, 5), '%', 1)} |")
 PY

@@ -152,6 +152,19 @@ fn metrics_status_and_readiness_follow_a_sink_stopped_on_a_conflict() {
         "sent {sent}, received {}",
         sums[0]
     );
+    // The log's fsyncs timed: at least the initial copy's, by the writer
+    // thread (the postgres sink's stream is fsynced by the sync thread).
+    let sync_time = |what: &str| {
+        value(
+            &samples,
+            &format!("walbridge_log_sync_seconds_{what}"),
+            &[("source", "src"), ("by", "writer")],
+        )
+    };
+    assert!(
+        sync_time("count").is_some_and(|n| n >= 1.0) && sync_time("sum").is_some_and(|s| s > 0.0),
+        "{samples:#?}"
+    );
     // One segment, holding the log from its beginning.
     assert_eq!(value(&samples, "walbridge_log_segments", &src), Some(1.0));
     assert_eq!(value(&samples, "walbridge_log_start_lsn", &src), Some(0.0));

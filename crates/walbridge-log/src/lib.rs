@@ -38,6 +38,7 @@ mod reader;
 pub mod record;
 pub mod segment;
 mod spare;
+mod sync_time;
 mod writer;
 
 pub use append::{Appender, MAX_CHUNK_BYTES};
@@ -46,4 +47,5 @@ pub use error::LogError;
 pub use log::{FsyncPolicy, Head, Log, LogOptions, Recovery, Syncs, Visibility, WhenFull};
 pub use reader::{LogReader, ReadRecord};
 pub use record::{Entry, RecordDecoder, RecordEncoder, RecordError};
+pub use sync_time::{SYNC_TIME_BUCKETS, SYNC_TIME_METRIC, describe_sync_time};
 pub use writer::{LogWriter, WRITE_BATCH};

@@ -12,6 +12,8 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use walbridge_core::Lsn;
 
+use crate::sync_time::SyncTime;
+
 use crate::error::LogError;
 use crate::frame::FrameError;
 use crate::handoff::Handoff;
@@ -77,6 +79,9 @@ pub struct LogOptions {
     /// writes them but fast enough to fill within an hour: it makes each
     /// commit of a steady stream cheaper. On by default.
     pub preallocate: bool,
+    /// The source whose log this is: the `source` label of its metrics
+    /// ([`crate::SYNC_TIME_METRIC`]); empty, none are kept.
+    pub source: String,
 }
 
 impl Default for LogOptions {
@@ -90,6 +95,7 @@ impl Default for LogOptions {
             max_size: None,
             when_full: WhenFull::Block,
             preallocate: true,
+            source: String::new(),
         }
     }
 }
@@ -214,6 +220,8 @@ pub(crate) struct Shared {
     pub synced_by_sync_thread: AtomicU64,
     /// … and by the writer thread.
     pub synced_by_writer: AtomicU64,
+    /// How long they took.
+    pub sync_time: SyncTime,
 }
 
 impl Shared {
@@ -313,6 +321,7 @@ impl Log {
             ..State::default()
         };
         let size = state.total_size();
+        let sync_time = SyncTime::new(&options.source);
         let shared = Arc::new(Shared {
             dir: dir.to_owned(),
             id,
@@ -330,6 +339,7 @@ impl Log {
             synced_by_appender: AtomicU64::new(0),
             synced_by_sync_thread: AtomicU64::new(0),
             synced_by_writer: AtomicU64::new(0),
+            sync_time,
         });
         let writer = LogWriter::start(shared.clone(), active, tail.valid_end, tail.index, head)?;
         Ok((Log { shared }, writer, recovery))

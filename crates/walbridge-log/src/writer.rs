@@ -906,15 +906,22 @@ impl WriterState {
 
     /// Notes an fsync begun at `started`, when `writes` writes were made.
     fn synced(&mut self, writes: u64, started: Instant, by: Syncer) {
-        match by {
-            Syncer::Appender => &self.shared.synced_by_appender,
-            Syncer::SyncThread => &self.shared.synced_by_sync_thread,
-            Syncer::Writer => &self.shared.synced_by_writer,
-        }
-        .fetch_add(1, Ordering::Relaxed);
+        let (count, time) = match by {
+            Syncer::Appender => (
+                &self.shared.synced_by_appender,
+                &self.shared.sync_time.appender,
+            ),
+            Syncer::SyncThread => (
+                &self.shared.synced_by_sync_thread,
+                &self.shared.sync_time.sync_thread,
+            ),
+            Syncer::Writer => (&self.shared.synced_by_writer, &self.shared.sync_time.writer),
+        };
+        count.fetch_add(1, Ordering::Relaxed);
         self.synced_writes = self.synced_writes.max(writes);
         self.last_sync = Instant::now();
         self.sync_took = self.last_sync - started;
+        time.record(self.sync_took.as_secs_f64());
     }
 
     /// Seals the current segment (written, cut to its records, fsynced,

@@ -32,6 +32,7 @@ use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 
 use walbridge_core::BearerToken;
+use walbridge_log::{SYNC_TIME_BUCKETS, SYNC_TIME_METRIC, describe_sync_time};
 use walbridge_sink::{DELAY_BUCKETS, DELAY_METRIC, describe_delay};
 use walbridge_source::{SEND_DELAY_METRIC, describe_send_delay};
 
@@ -129,10 +130,13 @@ pub async fn bind(config: &AdminConfig, data_dir: &std::path::Path) -> Result<Bo
         .map_err(recorder_failed)?
         .set_buckets_for_metric(Matcher::Full(SEND_DELAY_METRIC.into()), DELAY_BUCKETS)
         .map_err(recorder_failed)?
+        .set_buckets_for_metric(Matcher::Full(SYNC_TIME_METRIC.into()), SYNC_TIME_BUCKETS)
+        .map_err(recorder_failed)?
         .install_recorder()
         .map_err(recorder_failed)?;
     describe_delay();
     describe_send_delay();
+    describe_sync_time();
     let process = metrics_process::Collector::default();
     process.describe();
     Observed::describe_metrics();

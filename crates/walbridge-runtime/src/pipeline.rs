@@ -28,7 +28,7 @@ use futures_util::future::select_all;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use walbridge_core::{EventBatch, Lsn, PgTimestamp, SourceEvent};
-use walbridge_log::{Appender, Log, LogReader, LogWriter};
+use walbridge_log::{Appender, Log, LogOptions, LogReader, LogWriter};
 use walbridge_sink::{
     LogPosition, Reading, Routed, Sink, SinkDelays, SinkFailure, SourceContext, SourceDelay,
     SourceLog, reads, start_from_cursor,
@@ -108,6 +108,12 @@ pub async fn run(config: Config, watch: impl FnOnce(Arc<Observed>)) -> Result<()
         None => None,
     };
 
+    // Bound (and its recorder installed) before any log opens (its fsync
+    // times are kept from then on) and any sink starts.
+    let admin = match config.admin.listen.as_str() {
+        "" => None,
+        _ => Some(crate::admin::bind(&config.admin, &config.data_dir).await?),
+    };
     let mut runs = Vec::new();
     for source_config in &config.sources {
         if !config
@@ -120,11 +126,14 @@ pub async fn run(config: Config, watch: impl FnOnce(Arc<Observed>)) -> Result<()
         }
         let source = AnySource::new(source_config, &config.data_dir)?;
         let dir = source.state_dir().join("log");
-        let (log, writer, _) =
-            Log::open(&dir, options.clone()).map_err(|error| RuntimeError::Log {
-                source_name: source_config.name().to_owned(),
-                error,
-            })?;
+        let options = LogOptions {
+            source: source_config.name().to_owned(),
+            ..options.clone()
+        };
+        let (log, writer, _) = Log::open(&dir, options).map_err(|error| RuntimeError::Log {
+            source_name: source_config.name().to_owned(),
+            error,
+        })?;
         runs.push(SourceRun {
             source,
             log,
@@ -134,11 +143,6 @@ pub async fn run(config: Config, watch: impl FnOnce(Arc<Observed>)) -> Result<()
         });
     }
 
-    // Bound (and its recorder installed) before any sink starts.
-    let admin = match config.admin.listen.as_str() {
-        "" => None,
-        _ => Some(crate::admin::bind(&config.admin, &config.data_dir).await?),
-    };
     let mut observed = Observed {
         sources: runs
             .iter()
