@@ -206,7 +206,7 @@ sub_delays() { sub "$1" -c "SELECT extract(epoch FROM seen - created) * 1000 FRO
 # walsender's sending it, crates/walbridge-source/src/send_delay.rs).
 TAIL_BUCKET=${TAIL_BUCKET:-0.002}
 delays_now() {
-  python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' "http://$admin/metrics" | awk -v le="le=\"$TAIL_BUCKET\"" '
+  python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' "http://$admin/metrics" | awk -v le="le=\"$TAIL_BUCKET\"" -v CONVFMT=%.17g '
     /^walbridge_((transaction|publisher_send)_delay|log_sync)_seconds_(sum|count|bucket)\{/ {
       if ($1 ~ /^walbridge_publisher_send/) stage = "sent"
       else if ($1 ~ /^walbridge_log_sync/) stage = "fsync"
@@ -215,7 +215,8 @@ delays_now() {
       else if ($1 ~ /_count\{/) kind = "count"
       else if (index($1, le)) kind = "within"
       else next
-      # The fsyncs come by who made them: added up.
+      # The fsyncs come by who made them: added up (CONVFMT keeps every
+      # digit of a sum when it is printed back).
       v[stage, kind] += $2; stages[stage] = 1
     }
     END { for (s in stages) printf "%s %s %s %s\n", s, v[s, "sum"], v[s, "count"], v[s, "within"] }'
