@@ -12,8 +12,6 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use walbridge_core::Lsn;
 
-use crate::sync_time::SyncTime;
-
 use crate::error::LogError;
 use crate::frame::FrameError;
 use crate::handoff::Handoff;
@@ -21,6 +19,7 @@ use crate::reader::LogReader;
 use crate::segment::{
     self, IndexBuilder, IndexEntry, SEGMENT_HEADER_LEN, ScanError, index_path, segment_path,
 };
+use crate::sync_time::SyncTime;
 use crate::writer::{LogWriter, WRITE_BATCH};
 
 /// When appended records are fsynced.
