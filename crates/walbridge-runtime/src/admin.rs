@@ -118,6 +118,9 @@ pub async fn bind(config: &AdminConfig, data_dir: &std::path::Path) -> Result<Bo
     let address: SocketAddr = listener
         .local_addr()
         .map_err(failed("cannot tell its address"))?;
+    // Bound before the logs open, which would otherwise make the directory.
+    std::fs::create_dir_all(data_dir)
+        .map_err(failed(format!("cannot create {}", data_dir.display())))?;
     std::fs::write(data_dir.join(ADDRESS_FILE), format!("{address}\n")).map_err(failed(
         format!("cannot write {}", data_dir.join(ADDRESS_FILE).display()),
     ))?;
