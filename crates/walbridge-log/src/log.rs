@@ -19,7 +19,7 @@ use crate::reader::LogReader;
 use crate::segment::{
     self, IndexBuilder, IndexEntry, SEGMENT_HEADER_LEN, ScanError, index_path, segment_path,
 };
-use crate::sync_time::SyncTime;
+use crate::sync_time::{self, SyncTime};
 use crate::writer::{LogWriter, WRITE_BATCH};
 
 /// When appended records are fsynced.
@@ -250,6 +250,17 @@ pub struct Syncs {
     /// The writer thread: a backlog, the initial copy, a large transaction,
     /// a new segment.
     pub writer: u64,
+}
+
+impl Syncs {
+    /// Each count with the `by` label its fsyncs have in the metrics.
+    pub fn by_label(&self) -> [(&'static str, u64); 3] {
+        [
+            (sync_time::BY_APPENDER, self.appender),
+            (sync_time::BY_SYNC_THREAD, self.sync_thread),
+            (sync_time::BY_WRITER, self.writer),
+        ]
+    }
 }
 
 /// A source's durable, transaction-ordered log. Cheap to clone; every clone

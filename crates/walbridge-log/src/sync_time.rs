@@ -26,6 +26,12 @@ pub fn describe_sync_time() {
     );
 }
 
+/// The `by` label of each syncer's fsyncs, here and in
+/// `walbridge_log_syncs_total` ([`crate::Syncs::by_label`]).
+pub(crate) const BY_APPENDER: &str = "appender";
+pub(crate) const BY_SYNC_THREAD: &str = "sync";
+pub(crate) const BY_WRITER: &str = "writer";
+
 /// One log's histograms, one per [`crate::writer`] syncer.
 #[derive(Debug)]
 pub(crate) struct SyncTime {
@@ -46,9 +52,9 @@ impl SyncTime {
             }
         };
         SyncTime {
-            appender: by("appender"),
-            sync_thread: by("sync"),
-            writer: by("writer"),
+            appender: by(BY_APPENDER),
+            sync_thread: by(BY_SYNC_THREAD),
+            writer: by(BY_WRITER),
         }
     }
 }

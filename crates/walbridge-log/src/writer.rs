@@ -1075,12 +1075,7 @@ impl WriterState {
         send_if_moved(&self.shared.durable, to.tail);
         if to.unit_tail.next_seq > head {
             self.shared.head.send_replace(to.unit_tail);
-            let lsn = to.unit_tail.last_lsn;
-            self.shared.last_lsn.send_if_modified(|at| {
-                let moved = *at < lsn;
-                *at = (*at).max(lsn);
-                moved
-            });
+            send_if_moved(&self.shared.last_lsn, to.unit_tail.last_lsn);
         }
     }
 }
@@ -1093,7 +1088,7 @@ fn sync_segment(file: &File, shared: &Shared, base: u64) -> Result<(), LogError>
 }
 
 /// Moves an end, waking its readers only if it moved (then true).
-fn send_if_moved(end: &watch::Sender<Head>, to: Head) -> bool {
+fn send_if_moved<T: PartialEq>(end: &watch::Sender<T>, to: T) -> bool {
     end.send_if_modified(|at| {
         let moved = *at != to;
         *at = to;

@@ -721,12 +721,7 @@ impl Observed {
                 .absolute(from_memory);
             counter!("walbridge_log_records_read_total", "source" => name.clone(), "from" => "file")
                 .absolute(from_file);
-            let syncs = source.log.syncs();
-            for (by, count) in [
-                ("appender", syncs.appender),
-                ("sync", syncs.sync_thread),
-                ("writer", syncs.writer),
-            ] {
+            for (by, count) in source.log.syncs().by_label() {
                 counter!("walbridge_log_syncs_total", "source" => name.clone(), "by" => by)
                     .absolute(count);
             }
