@@ -20,11 +20,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use futures_util::{StreamExt, TryStreamExt};
+use futures_util::StreamExt;
 use tokio::sync::{Mutex, mpsc};
-use walbridge_core::{CopyText, EventBatch, Lsn, Oid, Relation, SnapshotBatch, SourceEvent};
+use walbridge_core::{CopyText, EventBatch, Lsn, Relation, SnapshotBatch, SourceEvent};
 
-use crate::catalog::{CatalogError, PublishedTable, TypeCatalog, describe_table};
+use crate::catalog::{CatalogError, DescribedTable, PublishedTable, TypeCatalog, describe_tables};
 use crate::config::SourceConfig;
 use crate::wire::{ConnParams, ConnectionError, connect_sql};
 use walbridge_pg::{quote_ident, quote_literal};
@@ -32,9 +32,6 @@ use walbridge_pg::{quote_ident, quote_literal};
 /// Bytes of rows per batch handed downstream: at most the log's record
 /// size (`walbridge_log::MAX_CHUNK_BYTES`), so a batch is one record.
 const BATCH_BYTES: usize = 1 << 20;
-
-/// Tables described at once while planning the copy.
-const PLANNING_QUERIES: usize = 32;
 
 /// The snapshot failed.
 #[derive(Debug, thiserror::Error)]
@@ -232,37 +229,19 @@ pub async fn copy_tables(
     progress
         .tables_total
         .store(tables.len() as u64, Ordering::Relaxed);
-    // The types first, in one query; then the tables' descriptions, many
-    // at once on the one connection (each is a few queries that would
-    // otherwise wait for each other: 2 ms a table, 18 s for 10,000).
-    let oids: Vec<Oid> = tables.iter().map(|t| t.oid).collect();
-    types.load_tables(planner, &oids).await?;
-    let types = &types;
-    let described: Vec<_> = futures_util::stream::iter(tables)
-        .map(|table| async move {
-            let relation = describe_table(planner, &mut types.clone(), &table).await?;
-            let class = planner
-                .query_one(
-                    "SELECT pg_relation_size(oid), relkind = 'p', reltuples::int8 FROM pg_class WHERE oid = $1",
-                    &[&table.oid],
-                )
-                .await
-                .map_err(|source| SnapshotError::Copy {
-                    table: table.quoted_name(),
-                    source,
-                })?;
-            Ok::<_, SnapshotError>((table, relation, class))
-        })
-        .buffered(PLANNING_QUERIES)
-        .try_collect()
-        .await?;
-    for (table, relation, class) in described {
+    // Described in order, a few queries per thousand tables.
+    let described = describe_tables(planner, &mut types, &tables).await?;
+    for (table, described) in tables.into_iter().zip(described) {
+        let DescribedTable {
+            relation,
+            bytes,
+            partitioned,
+            estimate,
+        } = described;
         let relation = Arc::new(relation);
-        let (size, partitioned, reltuples): (i64, bool, i64) =
-            (class.get(0), class.get(1), class.get(2));
-        let pages = (size.max(0) as u64).div_ceil(block_size.max(1) as u64);
+        let pages = bytes.div_ceil(block_size.max(1) as u64);
         let chunk_pages = (chunk_bytes / block_size.max(1) as u64).max(1);
-        let ranges: Vec<Option<(u64, u64)>> = if size as u64 > chunk_bytes {
+        let ranges: Vec<Option<(u64, u64)>> = if bytes > chunk_bytes {
             (0..pages)
                 .step_by(chunk_pages as usize)
                 .map(|start| Some((start, start + chunk_pages)))
@@ -278,8 +257,7 @@ pub async fn copy_tables(
             bytes: AtomicU64::new(0),
             chunks_left: AtomicU64::new(ranges.len() as u64),
             began: std::sync::OnceLock::new(),
-            // -1 (never analyzed) or 0 (empty, or never analyzed before 14): no estimate.
-            estimate: (reltuples > 0).then_some(reltuples as u64),
+            estimate,
             next_report: AtomicU64::new(config.progress_interval.as_millis() as u64),
         });
         planned.push(tally.clone());

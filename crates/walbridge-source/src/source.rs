@@ -12,7 +12,7 @@ use walbridge_core::{Change, EventBatch, Lsn, Relation, SourceEvent, Transaction
 
 use crate::assembler::{Assembled, Assembler, CommittedTransaction};
 use crate::backfill::{ChunkUnit, ResyncRequest, Tracker, WATERMARK_PREFIX, request_resync};
-use crate::catalog::{TypeCatalog, describe_table, published_tables};
+use crate::catalog::{TypeCatalog, describe_tables, published_tables};
 use crate::checks::{Finding, Outlook, Severity, check_source, explain_connection_error};
 use crate::config::{OnSlotLost, OriginFilter, SourceConfig};
 pub use crate::error::SourceError;
@@ -357,16 +357,10 @@ impl Source {
         )
         .await
         .map_err(|e| SourceError::Catalog(name.clone(), e))?;
-        let mut types = TypeCatalog::new();
-        let mut relations = Vec::with_capacity(tables.len());
-        for table in &tables {
-            relations.push(
-                describe_table(&client, &mut types, table)
-                    .await
-                    .map_err(|e| SourceError::Catalog(name.clone(), e))?,
-            );
-        }
-        Ok(relations)
+        let described = describe_tables(&client, &mut TypeCatalog::new(), &tables)
+            .await
+            .map_err(|e| SourceError::Catalog(name.clone(), e))?;
+        Ok(described.into_iter().map(|d| d.relation).collect())
     }
 
     fn err(&self, e: ConnectionError) -> SourceError {
