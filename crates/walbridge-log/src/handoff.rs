@@ -25,7 +25,7 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use crate::log::Visibility;
+use crate::log::{Visibility, written_units_end};
 use crate::reader::ReadRecord;
 
 /// Record bytes (framed, as in the file) queued for one reader before it
@@ -78,6 +78,9 @@ impl Ends {
             Visibility::CompleteUnits => self.head_next,
             Visibility::Unfinished => self.durable_next,
             Visibility::Written => self.written_next,
+            Visibility::WrittenUnits => {
+                written_units_end(self.head_next, self.durable_next, self.written_next)
+            }
         }
     }
 }
@@ -296,12 +299,14 @@ mod tests {
     fn records_written_ahead_of_the_durable_end_are_held_for_who_is_owed_them_later() {
         let handoff = Handoff::new(5);
         let written = handoff.subscribe(5, Visibility::Written).unwrap();
+        let units = handoff.subscribe(5, Visibility::WrittenUnits).unwrap();
         let unfinished = handoff.subscribe(5, Visibility::Unfinished).unwrap();
         let complete = handoff.subscribe(5, Visibility::CompleteUnits).unwrap();
 
-        // Written, not yet durable: only the reader of written records has them.
+        // Written, not yet durable: only the readers of written records have them.
         handoff.hand_over(&mut vec![record(5, 10), record(6, 10)], ends(5, 5, 7));
         assert_eq!(taken(&handoff, written), Some(vec![5, 6]));
+        assert_eq!(taken(&handoff, units), Some(vec![5, 6]));
         assert_eq!(taken(&handoff, unfinished), Some(vec![]));
         assert_eq!(taken(&handoff, complete), Some(vec![]));
         // A reader of durable records subscribes at the durable end.
@@ -314,6 +319,7 @@ mod tests {
         assert_eq!(taken(&handoff, unfinished), Some(vec![5, 6]));
         assert_eq!(taken(&handoff, complete), Some(vec![5, 6]));
         assert_eq!(taken(&handoff, late), Some(vec![5, 6]));
+        assert_eq!(taken(&handoff, units), Some(vec![]));
         assert!(handoff.inner().held.is_empty());
 
         // Nobody owed a record later: nothing is held.
@@ -322,6 +328,13 @@ mod tests {
         handoff.unsubscribe(late);
         handoff.hand_over(&mut vec![record(7, 10)], ends(7, 7, 8));
         assert_eq!(taken(&handoff, written), Some(vec![7]));
+        assert_eq!(taken(&handoff, units), Some(vec![7]));
         assert!(handoff.inner().held.is_empty());
+
+        // Durable past the head (a unit not ended): a reader of written
+        // units waits for the head, as one of complete units.
+        handoff.hand_over(&mut vec![record(8, 10)], ends(8, 9, 9));
+        assert_eq!(taken(&handoff, written), Some(vec![8]));
+        assert_eq!(taken(&handoff, units), Some(vec![]));
     }
 }

@@ -137,6 +137,22 @@ pub enum Visibility {
     /// durable end), which sends the same unit, with the same LSN, again.
     /// Spares such a consumer the wait for the fsync on a steady stream.
     Written,
+    /// What [`Visibility::CompleteUnits`] sees, and besides the whole units
+    /// [`Visibility::Written`] shows before their fsync: nothing of a unit
+    /// before its end, but a small transaction as soon as it is written.
+    /// For a consumer that acts on each unit as it comes and keeps (or
+    /// acknowledges) only what is durable ([`Log::head`]): a unit lost in a
+    /// crash before its fsync comes again from the publisher, the same,
+    /// after the durable end the consumer resumes from.
+    WrittenUnits,
+}
+
+impl Visibility {
+    /// Whether it sees records before their fsync: its readers do not wait
+    /// for an fsync (see [`LogOptions::sync_gap`]).
+    pub(crate) fn before_fsync(self) -> bool {
+        matches!(self, Visibility::Written | Visibility::WrittenUnits)
+    }
 }
 
 /// How far the log can be read: everything before `next_seq` is durable
@@ -200,6 +216,9 @@ pub(crate) struct Shared {
     pub durable: watch::Sender<Head>,
     /// The end of what [`Visibility::Written`] readers see.
     pub written: watch::Sender<Head>,
+    /// The end of what [`Visibility::WrittenUnits`] readers see (moved
+    /// with the others: [`Shared::move_written_units`]).
+    pub written_units: watch::Sender<Head>,
     /// Total bytes in the log.
     pub size: watch::Sender<u64>,
     /// Records handed from the writer to readers that have caught up.
@@ -209,8 +228,8 @@ pub(crate) struct Shared {
     /// Records readers read from the file.
     pub read_from_file: AtomicU64,
     /// Readers open that see only durable records (any [`Visibility`] but
-    /// `Written`): while there are none, the sync thread may gather fsyncs
-    /// (see [`crate::writer`]).
+    /// `Written` and `WrittenUnits`): while there are none, the sync thread
+    /// may gather fsyncs (see [`crate::writer`]).
     pub durable_readers: AtomicUsize,
     /// Fsyncs of the records made by an appender writing its own batch …
     pub synced_by_appender: AtomicU64,
@@ -235,7 +254,51 @@ impl Shared {
             Visibility::CompleteUnits => &self.head,
             Visibility::Unfinished => &self.durable,
             Visibility::Written => &self.written,
+            Visibility::WrittenUnits => &self.written_units,
         }
+    }
+
+    /// Whether a reader follows the records written before their fsync.
+    pub(crate) fn follows_written(&self) -> bool {
+        self.written.receiver_count() > 0 || self.written_units.receiver_count() > 0
+    }
+
+    /// Moves the end of [`Visibility::WrittenUnits`] after the writer moved
+    /// the others (under its lock): the written end while everything past
+    /// the durable end is whole units written and shown before their
+    /// fsync, and nothing of an unfinished unit is durable; the complete
+    /// units' end otherwise. Returns whether it moved and a reader follows it.
+    pub(crate) fn move_written_units(&self) -> bool {
+        let (head, durable, written) = (
+            *self.head.borrow(),
+            *self.durable.borrow(),
+            *self.written.borrow(),
+        );
+        let end = written_units_end(head.next_seq, durable.next_seq, written.next_seq);
+        let end = if end == written.next_seq {
+            written
+        } else {
+            head
+        };
+        self.written_units.send_if_modified(|at| {
+            // Only forward (it only moves forward anyway).
+            let moved = end.next_seq > at.next_seq;
+            if moved {
+                *at = end;
+            }
+            moved
+        }) && self.written_units.receiver_count() > 0
+    }
+}
+
+/// Where [`Visibility::WrittenUnits`] readers read to, given the complete
+/// units' end, the durable end and the written end (see
+/// [`Shared::move_written_units`]).
+pub(crate) fn written_units_end(head_next: u64, durable_next: u64, written_next: u64) -> u64 {
+    if written_next > durable_next && durable_next == head_next {
+        written_next
+    } else {
+        head_next
     }
 }
 
@@ -341,6 +404,7 @@ impl Log {
             last_lsn: watch::Sender::new(head.last_lsn),
             durable: watch::Sender::new(head),
             written: watch::Sender::new(head),
+            written_units: watch::Sender::new(head),
             size: watch::Sender::new(size),
             handoff: Handoff::new(head.next_seq),
             read_from_memory: AtomicU64::new(0),

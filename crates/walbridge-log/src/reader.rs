@@ -140,7 +140,7 @@ impl LogReader {
     ) -> Result<Self, LogError> {
         let path = segment_path(&shared.dir, base);
         let file = segment::open_at(&path, pos).map_err(LogError::io("open", &path))?;
-        if visibility != Visibility::Written {
+        if !visibility.before_fsync() {
             shared.durable_readers.fetch_add(1, Ordering::Relaxed);
         }
         Ok(LogReader {
@@ -354,7 +354,7 @@ impl LogReader {
 
 impl Drop for LogReader {
     fn drop(&mut self) {
-        if self.visibility != Visibility::Written {
+        if !self.visibility.before_fsync() {
             self.shared.durable_readers.fetch_sub(1, Ordering::Relaxed);
         }
         if let Some(id) = self.subscription {

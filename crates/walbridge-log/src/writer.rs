@@ -379,8 +379,8 @@ impl LogWriter {
             let written = state.write_buffer().map(|()| {
                 state.update_shared();
                 let woken = state.show_written();
-                let to_sync_thread = self.shared.written.receiver_count() > 0
-                    && self.shared.options.syncs_each_write();
+                let to_sync_thread =
+                    self.shared.follows_written() && self.shared.options.syncs_each_write();
                 if to_sync_thread && (state.sync_waits || !state.nobody_waits()) {
                     // Readers of written records have it: the sync thread
                     // makes it durable while this task goes on. One that
@@ -1022,7 +1022,9 @@ impl WriterState {
         };
         // Before the end moves: a reader it wakes finds its records queued.
         self.shared.handoff.hand_over(&mut self.handed, ends);
-        send_if_moved(&self.shared.written, written) && self.shared.written.receiver_count() > 0
+        let woke = send_if_moved(&self.shared.written, written)
+            && self.shared.written.receiver_count() > 0;
+        self.shared.move_written_units() || woke
     }
 
     /// Makes readable what the writer thread wrote: shown to readers of
@@ -1077,6 +1079,7 @@ impl WriterState {
             self.shared.head.send_replace(to.unit_tail);
             send_if_moved(&self.shared.last_lsn, to.unit_tail.last_lsn);
         }
+        self.shared.move_written_units();
     }
 }
 

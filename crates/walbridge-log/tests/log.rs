@@ -922,6 +922,36 @@ async fn append_batch_of_message(writer: &LogWriter, i: u64) {
     ok(writer.end_batch().await);
 }
 
+/// Fsyncs nothing waits for come an hour apart: none in a test.
+fn hour_between_fsyncs() -> LogOptions {
+    LogOptions {
+        sync_gap: Duration::from_secs(3600),
+        ..LogOptions::default()
+    }
+}
+
+/// Given time enough for an fsync nothing held back, the log made none.
+async fn nothing_fsynced(log: &Log) {
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let syncs = log.syncs();
+    assert_eq!(
+        (syncs.sync_thread, syncs.appender, syncs.writer),
+        (0, 0, 0),
+        "{syncs:?}"
+    );
+    assert_eq!(log.head().next_seq, 0);
+}
+
+/// The reader's next record, waiting up to 10 s for it.
+async fn next_record(reader: &mut walbridge_log::LogReader) -> walbridge_log::ReadRecord {
+    loop {
+        match ok(reader.try_next()) {
+            Some(record) => return record,
+            None => ok(tokio::time::timeout(Duration::from_secs(10), reader.wait()).await),
+        }
+    }
+}
+
 /// A batch with nothing waiting after it is written, fsynced and readable
 /// by the time its appender ends it: the appender wrote it itself. (With
 /// a long fsync interval no fsync can make one slow, which would send the
@@ -1000,10 +1030,7 @@ async fn a_batch_alone_is_made_durable_by_the_sync_thread_while_its_appender_goe
 #[tokio::test]
 async fn batches_nobody_waits_for_share_the_sync_threads_fsyncs() {
     let dir = ok(tempfile::tempdir());
-    let options = LogOptions {
-        sync_gap: Duration::from_secs(3600),
-        ..LogOptions::default()
-    };
+    let options = hour_between_fsyncs();
     let (log, writer, _) = ok(Log::open(dir.path(), options.clone()));
     let mut written = ok(log.reader_with(0, Visibility::Written));
     for i in 0..20 {
@@ -1016,15 +1043,7 @@ async fn batches_nobody_waits_for_share_the_sync_threads_fsyncs() {
             "batch {i} not shown at once"
         );
     }
-    // Time enough for an fsync that nothing held back.
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let syncs = log.syncs();
-    assert_eq!(
-        (syncs.sync_thread, syncs.appender, syncs.writer),
-        (0, 0, 0),
-        "{syncs:?}"
-    );
-    assert_eq!(log.head().next_seq, 0);
+    nothing_fsynced(&log).await;
 
     let mut durable = ok(log.reader_with(0, Visibility::CompleteUnits));
     append_batch_of_message(&writer, 20).await;
@@ -1049,6 +1068,62 @@ async fn batches_nobody_waits_for_share_the_sync_threads_fsyncs() {
     ok(writer.close().await);
 }
 
+/// A reader of written units takes a small unit as soon as it is written,
+/// before its fsync, and does not hold the sync thread's fsyncs back (it
+/// is no reader of durable records); of a unit still being written it sees
+/// nothing until the unit's end is durable, as a reader of complete units.
+#[tokio::test]
+async fn a_reader_of_written_units_takes_small_units_before_their_fsync_and_large_ones_whole() {
+    let dir = ok(tempfile::tempdir());
+    let options = hour_between_fsyncs();
+    let (log, writer, _) = ok(Log::open(dir.path(), options.clone()));
+    let mut units = ok(log.reader_with(0, Visibility::WrittenUnits));
+    for i in 0..5 {
+        append_batch_of_message(&writer, i).await;
+        let record = ok(units.try_next());
+        assert_eq!(record.map(|r| r.seq), Some(i), "unit {i} not shown at once");
+    }
+    nothing_fsynced(&log).await;
+
+    // A unit of four records: the first three durable (the writer thread
+    // writes and fsyncs them), the unit not ended.
+    for i in 5..8 {
+        ok(writer.append(payload(i), Lsn(i * 10 + 5), false).await);
+    }
+    let mut unfinished = ok(log.reader_with(0, Visibility::Unfinished));
+    for _ in 0..8 {
+        next_record(&mut unfinished).await;
+    }
+    assert_eq!(
+        log.head().next_seq,
+        5,
+        "the small units are durable with them"
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        ok(units.try_next()).map(|r| r.seq),
+        None,
+        "nothing of an unfinished unit"
+    );
+    ok(writer.append(payload(8), Lsn(85), true).await);
+    for i in 5..9 {
+        let record = next_record(&mut units).await;
+        assert_eq!((record.seq, record.unit_end), (i, i == 8));
+    }
+    drop(unfinished);
+    // Small units again, after the unit.
+    for i in 9..12 {
+        append_batch_of_message(&writer, i).await;
+        assert_eq!(next_record(&mut units).await.seq, i);
+    }
+    ok(writer.close().await);
+    assert_eq!(log.head().next_seq, 12, "durable at close");
+    let (log, writer, recovery) = ok(Log::open(dir.path(), options));
+    assert_eq!(recovery.truncated_bytes, 0);
+    assert_eq!(read_all(&log, 0).len(), 12);
+    ok(writer.close().await);
+}
+
 /// Readers of each visibility follow an appender writing batch after
 /// batch while the sync thread makes earlier ones durable: whenever the
 /// sync thread publishes, the appender may have records in the buffer not
@@ -1061,6 +1136,7 @@ async fn readers_follow_an_appender_while_the_sync_thread_publishes_behind_it() 
     let total = 600;
     let readers: Vec<_> = [
         Visibility::Written,
+        Visibility::WrittenUnits,
         Visibility::Unfinished,
         Visibility::CompleteUnits,
     ]

@@ -70,7 +70,7 @@ impl SinkConfig for JsonlSinkConfig {
         let sink = CursorFileSink::open(
             cursor_dir,
             &self.name,
-            Visibility::CompleteUnits,
+            Visibility::WrittenUnits,
             move || {
                 // Each attempt opens the output again, cut back to the cursor.
                 JsonlSink::open(config.clone(), &dir)
@@ -88,6 +88,10 @@ impl SinkRun for JsonlSink {
         logs: &'a [SourceLog],
     ) -> BoxFuture<'a, Result<Vec<u64>, SinkFailure>> {
         let starts = starts_from_cursor(&self.config.name, &self.cursor, logs);
+        self.logs = logs
+            .iter()
+            .map(|l| (l.context.name.clone(), l.log.clone()))
+            .collect();
         Box::pin(async move { Ok(starts) })
     }
 

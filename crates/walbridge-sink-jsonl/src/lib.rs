@@ -11,6 +11,14 @@
 //! to the length stored with the cursor and reading resumes at the cursor:
 //! every line appears exactly once. (Standard output and pipes cannot be
 //! cut back: lines after the last stored cursor may appear twice.)
+//!
+//! The sink is given a small transaction as soon as its log has written
+//! it, before the log's fsync ([`walbridge_log::Visibility::WrittenUnits`]: whole units
+//! only, so nothing of a transaction is written before its end), and
+//! stores a cursor only once every log holds it durably ([`Cuts`]): a
+//! crash of the machine may take from a log what its fsync had not made
+//! durable, and the output is then cut back to a point the logs still
+//! hold (the publisher sends the rest again, the same).
 
 mod config;
 mod encoder;
@@ -20,7 +28,7 @@ pub use config::JsonlSinkConfig;
 pub use encoder::{Encoder, Position};
 pub use kind::KIND;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::Write;
 use std::path::Path;
@@ -32,7 +40,7 @@ use walbridge_core::{
     Change, ColumnShape, Lsn, PgTimestamp, Relation, RelationId, SourceEvent, TransactionInfo,
     carry_attnums, column_changes,
 };
-use walbridge_log::{CursorFile, CursorPosition, CursorState, LogError};
+use walbridge_log::{CursorFile, CursorPosition, CursorState, Log, LogError};
 use walbridge_sink::{LogPosition, Routed, SourceContext};
 
 /// An error of the jsonl sink.
@@ -305,6 +313,8 @@ pub struct JsonlSink {
     /// The transactions whose last line is in the buffer, not yet written:
     /// their source and commit time, for their delays.
     unwritten: Vec<(Arc<SourceContext>, PgTimestamp)>,
+    /// Each source's log, given at resume: what of it is durable.
+    logs: HashMap<String, Log>,
 }
 
 impl JsonlSink {
@@ -324,6 +334,7 @@ impl JsonlSink {
             cursor_file,
             cursor,
             unwritten: Vec::new(),
+            logs: HashMap::new(),
         })
     }
 
@@ -332,7 +343,7 @@ impl JsonlSink {
         let encoder = Encoder::new(&self.config.unchanged_toast_placeholder);
         let mut sources: HashMap<String, (Arc<SourceContext>, SourceCursor)> = HashMap::new();
         let mut positions: HashMap<String, LogPosition> = HashMap::new();
-        let mut next_cursor = None;
+        let mut cuts = Cuts::default();
         let mut buffer = Vec::with_capacity(2 * WRITE_CHUNK);
         let mut last_commit = Instant::now();
         // Run on a blocking thread of the runtime: its timers are at hand.
@@ -342,21 +353,22 @@ impl JsonlSink {
                 Ok(r) => r,
                 Err(mpsc::error::TryRecvError::Empty) => {
                     self.write_out(&mut buffer)?;
-                    let gap = COMMIT_GAP.saturating_sub(last_commit.elapsed());
-                    let came = if next_cursor.is_some() && !gap.is_zero() {
-                        runtime
-                            .block_on(tokio::time::timeout(gap, events.recv()))
-                            .ok()
-                    } else {
-                        None
-                    };
-                    let next = match came {
-                        Some(next) => next,
-                        None => {
-                            self.commit(&mut buffer, next_cursor.take(), &sources)?;
-                            last_commit = Instant::now();
-                            events.blocking_recv()
+                    // Commit once the queue stays dry for what is left of
+                    // the gap, and again every gap while cuts wait for the
+                    // logs' fsyncs.
+                    let next = loop {
+                        if cuts.is_empty() {
+                            break events.blocking_recv();
                         }
+                        let gap = COMMIT_GAP.saturating_sub(last_commit.elapsed());
+                        if !gap.is_zero()
+                            && let Ok(next) =
+                                runtime.block_on(tokio::time::timeout(gap, events.recv()))
+                        {
+                            break next;
+                        }
+                        self.commit(&mut buffer, cuts.take_durable(&self.logs), &sources)?;
+                        last_commit = Instant::now();
                     };
                     match next {
                         Some(r) => r,
@@ -385,7 +397,7 @@ impl JsonlSink {
                 positions.insert(routed.source.name.clone(), position);
                 // A cut the cursor can describe: no source is inside a transaction.
                 if sources.values().all(|(_, c)| c.transaction.is_none()) {
-                    next_cursor = Some(NextCursor {
+                    cuts.push(NextCursor {
                         output_len: self.output.resume_len().map(|l| l + buffer.len() as u64),
                         positions: positions.clone(),
                     });
@@ -395,11 +407,11 @@ impl JsonlSink {
                 self.write(&mut buffer)?;
             }
             if last_commit.elapsed() >= COMMIT_INTERVAL {
-                self.commit(&mut buffer, next_cursor.take(), &sources)?;
+                self.commit(&mut buffer, cuts.take_durable(&self.logs), &sources)?;
                 last_commit = Instant::now();
             }
         }
-        self.commit(&mut buffer, next_cursor.take(), &sources)
+        self.commit(&mut buffer, cuts.take_durable(&self.logs), &sources)
     }
 
     fn write(&mut self, buffer: &mut Vec<u8>) -> Result<(), JsonlError> {
@@ -467,12 +479,54 @@ impl JsonlSink {
     }
 }
 
-/// The cursor to store next: a point in the output it can describe.
+/// A cursor the sink may store: a point in the output it can describe.
 struct NextCursor {
     /// Bytes of output up to the point (for a file).
     output_len: Option<u64>,
     /// Every source's position at the point.
     positions: HashMap<String, LogPosition>,
+}
+
+/// Points of the output the cursor can describe, oldest first, until their
+/// logs hold them durably: only then is one stored and acknowledged.
+#[derive(Default)]
+struct Cuts {
+    pending: VecDeque<NextCursor>,
+}
+
+impl Cuts {
+    /// At most this many wait (a few hundred transactions' worth: a log's
+    /// fsync comes every few milliseconds); past it, the newest takes the
+    /// place of the one before it, so a log whose fsyncs stall only makes
+    /// the cursor stored next older.
+    const MAX: usize = 256;
+
+    fn push(&mut self, cut: NextCursor) {
+        if self.pending.len() >= Self::MAX {
+            self.pending.pop_back();
+        }
+        self.pending.push_back(cut);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Takes the newest cut every log holds durably, and those before it.
+    fn take_durable(&mut self, logs: &HashMap<String, Log>) -> Option<NextCursor> {
+        let durable = |cut: &NextCursor| {
+            cut.positions.iter().all(|(source, position)| {
+                // Every source the sink is given was resumed with its log.
+                logs.get(source)
+                    .is_none_or(|log| log.head().next_seq >= position.next)
+            })
+        };
+        let mut newest = None;
+        while self.pending.front().is_some_and(durable) {
+            newest = self.pending.pop_front();
+        }
+        newest
+    }
 }
 
 /// Where an event outside any transaction is: its source.
