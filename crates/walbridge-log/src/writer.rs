@@ -5,8 +5,8 @@
 //! bytes), writes it with one `write` and makes it durable with one
 //! `fdatasync`. Readers and the source see records only once they are
 //! durable and their unit (transaction) is complete; readers that asked
-//! for it ([`crate::Visibility::Written`]) see whole units once written,
-//! while the fsync runs. A steady stream's
+//! for it ([`crate::Visibility::Written`], [`crate::Visibility::WrittenUnits`])
+//! see whole units once written, while the fsync runs. A steady stream's
 //! segments are written into zeros made ahead ([`crate::spare`]), so that
 //! the `fdatasync` has no file length to make durable.
 //!
@@ -18,8 +18,8 @@
 //! transaction a wake-up of the writer thread, and the readers it wakes run
 //! next on the appender's own thread (a runtime worker). Who fsyncs it
 //! depends on who waits for that:
-//! * while readers of written records ([`crate::Visibility::Written`])
-//!   follow the log, the sync thread: they have the records before the
+//! * while readers of written records (either visibility) follow the
+//!   log, the sync thread: they have the records before the
 //!   fsync, and the appender goes on to its next batch while the sync
 //!   thread makes this one durable and publishes what was written when its
 //!   fsync began (one fsync covers every batch written before it, so a
