@@ -150,10 +150,15 @@ impl TypeCatalog {
         client: &Client,
         body: RelationBody,
     ) -> Result<Relation, CatalogError> {
-        self.load(client, body.columns.iter().map(|c| c.type_oid))
-            .await?;
         let table = [body.id];
-        let attributes = attributes(client, &table).await?;
+        // Sent together: one round trip on the connection, not four, while
+        // the stream waits (a table's first change after every start).
+        let ((), attributes, mut keys, mut roots) = tokio::try_join!(
+            self.load(client, body.columns.iter().map(|c| c.type_oid)),
+            attributes(client, &table),
+            primary_keys(client, &table),
+            partition_roots(client, &table),
+        )?;
         let attributes = attributes.get(&body.id).map_or(&[][..], Vec::as_slice);
         let columns: Vec<Column> = body
             .columns
@@ -176,10 +181,9 @@ impl TypeCatalog {
                 }
             })
             .collect();
-        let primary_key = primary_keys(client, &table).await?;
         Ok(Relation {
-            partition_root: partition_roots(client, &table).await?.remove(&body.id),
-            primary_key: key_positions(primary_key.get(&body.id), &columns),
+            partition_root: roots.remove(&body.id),
+            primary_key: key_positions(keys.remove(&body.id).as_ref(), &columns),
             id: body.id,
             schema: body.schema,
             name: body.name,
@@ -471,23 +475,26 @@ pub async fn describe_in_groups(
     let mut described = Vec::with_capacity(tables.len());
     for group in tables.chunks(group.max(1)) {
         let oids: Vec<Oid> = group.iter().map(|t| t.oid).collect();
-        let classes: HashMap<Oid, (String, i64, bool, i64)> = query_tables(
-            client,
-            "SELECT oid, relreplident::text, pg_relation_size(oid), relkind = 'p', reltuples::int8 \
+        // Sent together (one round trip), then the types the columns name.
+        let (classes, attributes, keys, roots) = tokio::try_join!(
+            query_tables(
+                client,
+                "SELECT oid, relreplident::text, pg_relation_size(oid), relkind = 'p', reltuples::int8 \
                  FROM pg_class WHERE oid = ANY($1)",
-            &oids,
-            "pg_class",
-        )
-        .await?
-        .iter()
-        .map(|row| (row.get(0), (row.get(1), row.get(2), row.get(3), row.get(4))))
-        .collect();
-        let attributes = attributes(client, &oids).await?;
+                &oids,
+                "pg_class",
+            ),
+            attributes(client, &oids),
+            primary_keys(client, &oids),
+            partition_roots(client, &oids),
+        )?;
+        let classes: HashMap<Oid, (String, i64, bool, i64)> = classes
+            .iter()
+            .map(|row| (row.get(0), (row.get(1), row.get(2), row.get(3), row.get(4))))
+            .collect();
         types
             .load(client, attributes.values().flatten().map(|a| a.type_oid))
             .await?;
-        let keys = primary_keys(client, &oids).await?;
-        let roots = partition_roots(client, &oids).await?;
         for table in group {
             let (identity, bytes, partitioned, reltuples) = classes
                 .get(&table.oid)
