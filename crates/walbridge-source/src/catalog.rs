@@ -454,8 +454,8 @@ pub struct DescribedTable {
 
 /// Describes published tables as pgoutput would: published columns in
 /// attribute order (generated columns excluded), key flags per replica
-/// identity; in `tables`' order, with five queries per
-/// [`DESCRIBED_AT_ONCE`] tables.
+/// identity; in `tables`' order, with five queries (four of them sent
+/// together) per [`DESCRIBED_AT_ONCE`] tables.
 pub async fn describe_tables(
     client: &Client,
     types: &mut TypeCatalog,

@@ -229,7 +229,7 @@ pub async fn copy_tables(
     progress
         .tables_total
         .store(tables.len() as u64, Ordering::Relaxed);
-    // Described in order, a few queries per thousand tables.
+    // Described in order, with a few queries for up to 10,000 tables.
     let described = describe_tables(planner, &mut types, &tables).await?;
     for (table, described) in tables.into_iter().zip(described) {
         let DescribedTable {
