@@ -25,7 +25,7 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use crate::log::{Visibility, written_units_end};
+use crate::log::{Visibility, shows_written_units};
 use crate::reader::ReadRecord;
 
 /// Record bytes (framed, as in the file) queued for one reader before it
@@ -78,9 +78,12 @@ impl Ends {
             Visibility::CompleteUnits => self.head_next,
             Visibility::Unfinished => self.durable_next,
             Visibility::Written => self.written_next,
-            Visibility::WrittenUnits => {
-                written_units_end(self.head_next, self.durable_next, self.written_next)
+            Visibility::WrittenUnits
+                if shows_written_units(self.head_next, self.durable_next, self.written_next) =>
+            {
+                self.written_next
             }
+            Visibility::WrittenUnits => self.head_next,
         }
     }
 }

@@ -274,32 +274,29 @@ impl Shared {
             *self.durable.borrow(),
             *self.written.borrow(),
         );
-        let end = written_units_end(head.next_seq, durable.next_seq, written.next_seq);
-        let end = if end == written.next_seq {
+        let end = if shows_written_units(head.next_seq, durable.next_seq, written.next_seq) {
             written
         } else {
             head
         };
-        self.written_units.send_if_modified(|at| {
-            // Only forward (it only moves forward anyway).
-            let moved = end.next_seq > at.next_seq;
-            if moved {
-                *at = end;
-            }
-            moved
-        }) && self.written_units.receiver_count() > 0
+        send_if_moved(&self.written_units, end) && self.written_units.receiver_count() > 0
     }
 }
 
-/// Where [`Visibility::WrittenUnits`] readers read to, given the complete
-/// units' end, the durable end and the written end (see
-/// [`Shared::move_written_units`]).
-pub(crate) fn written_units_end(head_next: u64, durable_next: u64, written_next: u64) -> u64 {
-    if written_next > durable_next && durable_next == head_next {
-        written_next
-    } else {
-        head_next
-    }
+/// Whether [`Visibility::WrittenUnits`] readers read to the written end
+/// (else to the complete units' end), given the complete units' end, the
+/// durable end and the written end (see [`Shared::move_written_units`]).
+pub(crate) fn shows_written_units(head_next: u64, durable_next: u64, written_next: u64) -> bool {
+    written_next > durable_next && durable_next == head_next
+}
+
+/// Moves an end, waking its readers only if it moved (then true).
+pub(crate) fn send_if_moved<T: PartialEq>(end: &watch::Sender<T>, to: T) -> bool {
+    end.send_if_modified(|at| {
+        let moved = *at != to;
+        *at = to;
+        moved
+    })
 }
 
 /// Fsyncs of a log's records, by who made them ([`Log::syncs`]).

@@ -68,7 +68,9 @@ use walbridge_core::Lsn;
 use crate::error::LogError;
 use crate::frame;
 use crate::handoff::Ends;
-use crate::log::{FsyncPolicy, Head, Log, Segment, Shared, WhenFull, create_segment, sync_dir};
+use crate::log::{
+    FsyncPolicy, Head, Log, Segment, Shared, WhenFull, create_segment, send_if_moved, sync_dir,
+};
 use crate::reader::ReadRecord;
 use crate::record::Entry;
 use crate::segment::{self, IndexBuilder, SEGMENT_HEADER_LEN, index_path, segment_path};
@@ -1088,13 +1090,4 @@ impl WriterState {
 fn sync_segment(file: &File, shared: &Shared, base: u64) -> Result<(), LogError> {
     file.sync_data()
         .map_err(|e| LogError::io("fsync", segment_path(&shared.dir, base))(e))
-}
-
-/// Moves an end, waking its readers only if it moved (then true).
-fn send_if_moved<T: PartialEq>(end: &watch::Sender<T>, to: T) -> bool {
-    end.send_if_modified(|at| {
-        let moved = *at != to;
-        *at = to;
-        moved
-    })
 }
