@@ -21,10 +21,14 @@
 //!   removed, subject to retention and `max_size` ([`LogOptions`]).
 //! * [`Log::open`] recovers from a crash: a torn end is cut back to the
 //!   last complete record (and the last complete unit); damage anywhere
-//!   else is an error naming the segment and offset.
+//!   else is an error naming the segment and offset. Each opening begins
+//!   an epoch ([`Log::epoch`]); a position handed out before its records
+//!   were durable names its epoch, and [`Log::resume_point`] says where it
+//!   is read from after a crash of the machine took records before it.
 
 mod append;
 mod cursor;
+mod epoch;
 mod error;
 pub mod frame;
 mod log;
@@ -43,6 +47,7 @@ mod writer;
 
 pub use append::{Appender, MAX_CHUNK_BYTES};
 pub use cursor::{CursorFile, CursorPosition, CursorState};
+pub use epoch::ResumePoint;
 pub use error::LogError;
 pub use log::{FsyncPolicy, Head, Log, LogOptions, Recovery, Syncs, Visibility, WhenFull};
 pub use reader::{LogReader, ReadRecord};

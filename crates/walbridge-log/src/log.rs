@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use walbridge_core::Lsn;
 
+use crate::epoch::{Epochs, ResumePoint};
 use crate::error::LogError;
 use crate::frame::FrameError;
 use crate::handoff::Handoff;
@@ -206,6 +207,8 @@ impl State {
 pub(crate) struct Shared {
     pub dir: PathBuf,
     pub id: String,
+    /// Every opening's first record (see crate::epoch).
+    epochs: Epochs,
     pub options: LogOptions,
     state: Mutex<State>,
     pub head: watch::Sender<Head>,
@@ -359,6 +362,7 @@ impl Log {
             bases.push(0);
         }
         let (tail, last_lsn) = recover_tail(dir, &mut bases, &options, &mut recovery)?;
+        let epochs = Epochs::begin(dir, tail.next_seq, last_lsn, bases[0])?;
         for (i, &base) in bases.iter().enumerate() {
             let path = segment_path(dir, base);
             let meta = std::fs::metadata(&path).map_err(LogError::io("stat", &path))?;
@@ -395,6 +399,7 @@ impl Log {
         let shared = Arc::new(Shared {
             dir: dir.to_owned(),
             id,
+            epochs,
             options,
             state: Mutex::new(state),
             head: watch::Sender::new(head),
@@ -444,6 +449,22 @@ impl Log {
     /// so that a position is never applied to a different log.
     pub fn id(&self) -> &str {
         &self.shared.id
+    }
+
+    /// The log's epoch: one more each time it is opened (see
+    /// [`Log::resume_point`]). A position a reader of records before their
+    /// fsync hands out names it.
+    pub fn epoch(&self) -> u64 {
+        self.shared.epochs.current()
+    }
+
+    /// Where a reader that had read the records before `next` during
+    /// `epoch` resumes now: `next` itself unless a crash of the machine
+    /// took records before it, which come again (as the publisher sends
+    /// them again) from the end that survived. Positions handed out only
+    /// once durable ([`Log::head`]) are always kept, whatever their epoch.
+    pub fn resume_point(&self, epoch: u64, next: u64) -> ResumePoint {
+        self.shared.epochs.resume_point(epoch, next)
     }
 
     /// How far the log can be read now.
@@ -710,14 +731,20 @@ fn log_id(dir: &Path) -> Result<String, LogError> {
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     let id = format!("{nanos:x}-{:x}", std::process::id());
-    let tmp = dir.join("id.tmp");
+    write_durably(dir, "id", id.as_bytes())?;
+    Ok(id)
+}
+
+/// Replaces file `name` in `dir` with `contents` atomically and durably:
+/// written and fsynced under another name, renamed, the directory fsynced.
+pub(crate) fn write_durably(dir: &Path, name: &str, contents: &[u8]) -> Result<(), LogError> {
+    let tmp = dir.join(format!("{name}.tmp"));
     let mut f = File::create(&tmp).map_err(LogError::io("create", &tmp))?;
-    f.write_all(id.as_bytes())
+    f.write_all(contents)
         .and_then(|()| f.sync_all())
         .map_err(LogError::io("write", &tmp))?;
-    std::fs::rename(&tmp, &path).map_err(LogError::io("rename", &tmp))?;
-    sync_dir(dir)?;
-    Ok(id)
+    std::fs::rename(&tmp, dir.join(name)).map_err(LogError::io("rename", &tmp))?;
+    sync_dir(dir)
 }
 
 fn list_segments(dir: &Path) -> Result<Vec<u64>, LogError> {
@@ -919,6 +946,14 @@ fn recover_tail(
                 file.set_len(cut).map_err(LogError::io("truncate", &path))?;
                 file.sync_all().map_err(LogError::io("fsync", &path))?;
             }
+        } else {
+            // A process that crashed may have written records it had not
+            // fsynced: they are read back from the operating system's
+            // cache, and the head the source confirms to the publisher
+            // and the new epoch both start after them (see crate::epoch).
+            File::open(&path)
+                .and_then(|file| file.sync_data())
+                .map_err(LogError::io("fsync", &path))?;
         }
         if recovery.truncated_bytes > 0 {
             tracing::warn!(

@@ -8,7 +8,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use walbridge_core::{LogicalMessage, Lsn};
 use walbridge_log::{
-    Entry, FsyncPolicy, Log, LogError, LogOptions, LogWriter, RecordEncoder, Visibility, WhenFull,
+    Entry, FsyncPolicy, Log, LogError, LogOptions, LogWriter, RecordEncoder, ResumePoint,
+    Visibility, WhenFull,
 };
 
 fn ok<T, E: std::fmt::Display>(r: Result<T, E>) -> T {
@@ -1206,5 +1207,57 @@ async fn batches_written_here_and_by_the_writer_thread_keep_their_order_across_r
     let (log, writer, recovery) = ok(Log::open(dir.path(), small_segments()));
     assert_eq!(recovery.truncated_bytes, 0);
     assert_eq!(read_all(&log, 0), expected);
+    ok(writer.close().await);
+}
+
+#[tokio::test]
+async fn a_position_past_what_a_crash_kept_resumes_where_the_log_reopened() {
+    let dir = ok(tempfile::tempdir());
+    let options = LogOptions {
+        preallocate: false,
+        ..small_segments()
+    };
+    let (log, writer, _) = ok(Log::open(dir.path(), options.clone()));
+    assert_eq!(log.epoch(), 1);
+    append_all(&writer, 0..6).await;
+    ok(writer.close().await);
+    // The segments as the disk holds them after their last fsync.
+    let fsynced: Vec<_> = segments(dir.path())
+        .into_iter()
+        .map(|path| (path.clone(), ok(std::fs::read(&path))))
+        .collect();
+
+    let (log, writer, _) = ok(Log::open(dir.path(), options.clone()));
+    assert_eq!(log.epoch(), 2);
+    append_all(&writer, 6..10).await;
+    ok(writer.close().await);
+    // The machine went down before records 6..10 reached the disk.
+    for path in segments(dir.path()) {
+        ok(std::fs::remove_file(path));
+    }
+    for (path, bytes) in &fsynced {
+        ok(std::fs::write(path, bytes));
+    }
+
+    let (log, writer, _) = ok(Log::open(dir.path(), options.clone()));
+    assert_eq!(log.epoch(), 3);
+    assert_eq!(log.head().next_seq, 6);
+    let lost = ResumePoint::Lost {
+        next: 6,
+        last_lsn: Lsn(55),
+    };
+    assert_eq!(log.resume_point(2, 10), lost);
+    assert_eq!(log.resume_point(2, 7), lost);
+    assert_eq!(log.resume_point(2, 6), ResumePoint::Kept(6));
+    assert_eq!(log.resume_point(1, 4), ResumePoint::Kept(4));
+    // Other records take the lost numbers; epoch 3's positions hold.
+    append_all(&writer, 20..26).await;
+    assert_eq!(log.resume_point(3, 10), ResumePoint::Kept(10));
+    ok(writer.close().await);
+    let (log, writer, _) = ok(Log::open(dir.path(), options));
+    assert_eq!(log.epoch(), 4);
+    assert_eq!(log.resume_point(2, 10), lost, "remembered across openings");
+    assert_eq!(log.resume_point(3, 10), ResumePoint::Kept(10));
+    assert_eq!(read_all(&log, 6)[0], (6, "r20".to_owned()));
     ok(writer.close().await);
 }
