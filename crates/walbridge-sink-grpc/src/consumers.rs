@@ -43,6 +43,10 @@ struct Extra {
     lsn: BTreeMap<String, u64>,
     #[serde(default)]
     copied_rows: BTreeMap<String, u64>,
+    /// Per source, the log's epoch when the position was taken (absent:
+    /// 0, before epochs).
+    #[serde(default)]
+    epoch: BTreeMap<String, u64>,
     /// Unix microseconds of the last acknowledgement (or creation, or seek).
     acknowledged_at: i64,
     /// A group's positions, per partition.
@@ -377,6 +381,11 @@ impl Consumers {
                 .filter(|p| p.copied_rows > 0)
                 .map(|p| (p.source.clone(), p.copied_rows))
                 .collect(),
+            epoch: consumer
+                .positions
+                .iter()
+                .map(|p| (p.source.clone(), p.epoch))
+                .collect(),
             acknowledged_at: micros,
             partitions: consumer.partitions.clone(),
         };
@@ -423,6 +432,7 @@ fn from_state(name: &str, dir: &Path, state: CursorState) -> Result<Consumer, Fe
         .map(|(source, p)| TokenPosition {
             lsn: extra.lsn.get(&source).copied().unwrap_or(0),
             copied_rows: extra.copied_rows.get(&source).copied().unwrap_or(0),
+            epoch: extra.epoch.get(&source).copied().unwrap_or(0),
             source,
             log: p.log,
             next: p.next,
@@ -449,6 +459,7 @@ mod tests {
             next,
             lsn: next * 100,
             copied_rows: 0,
+            epoch: 1,
         }
     }
 

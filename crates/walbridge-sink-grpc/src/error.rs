@@ -56,7 +56,7 @@ pub enum FeedError {
     },
     /// A position in a log that has been recreated since.
     #[error(
-        "{holder} has a position in an earlier log of source `{source_name}` (its log was recreated since, by `walbridge drop`?); start again from earliest or latest (Seek, for a durable consumer)"
+        "{holder} has a position in an earlier log of source `{source_name}` (its log was recreated since, by `walbridge drop`, or its directory restored from an older copy?); start again from earliest or latest (Seek, for a durable consumer)"
     )]
     OtherLog {
         /// Who holds the position: a token, a consumer.

@@ -19,6 +19,13 @@
 //!   sent ([`token`]). It is issued only at a unit's end, so resuming after
 //!   it neither repeats nor skips a unit; a token of another log (the
 //!   source's log was recreated) is refused, never reinterpreted.
+//! * **Units are sent as soon as the log has written them**, before its
+//!   fsync. A crash of the machine can take the last of them from the log
+//!   (the source never confirmed them to the publisher, which sends them
+//!   again); a token naming a position past what the log kept resumes
+//!   where the log's surviving records end (tokens carry the log's epoch,
+//!   see [`walbridge_log::Log::resume_point`]): the units since come
+//!   again, with the same event ids, never a gap.
 //! * **Durable consumers resume after their last acknowledgement.** An
 //!   acknowledged token is stored in the consumer's file under `data_dir`
 //!   (atomically replaced, fsynced; coalesced while acknowledgements

@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use walbridge_core::Lsn;
+use walbridge_log::ResumePoint;
 use walbridge_sink::{LogPosition, SourceLog};
 
 use crate::consumers::{Claim, Consumer, Consumers, Origin, check_name};
@@ -114,6 +115,7 @@ impl Feed {
             next,
             lsn: lsn.0,
             copied_rows: 0,
+            epoch: log.epoch(),
         })
     }
 
@@ -156,6 +158,7 @@ impl Feed {
                         next,
                         lsn: lsn.0,
                         copied_rows: 0,
+                        epoch: log.log.epoch(),
                     });
                 }
                 (Origin::Latest, named)
@@ -174,44 +177,47 @@ impl Feed {
         Ok((origin, positions))
     }
 
-    /// `position` checked against its log: the same log, still held; a
-    /// position past the end (records lost with the machine under
-    /// `fsync = interval`) is read from the end.
+    /// `position` checked against its log: the same log, still held, and
+    /// where it reads from now (past the end of what a crash of the
+    /// machine left of the records it had read: from that end; see
+    /// [`walbridge_log::Log::resume_point`]).
     fn check(&self, position: &TokenPosition, holder: &str) -> Result<TokenPosition, FeedError> {
         let source = self.log(&position.source)?;
         let log = &source.log;
+        let other_log = || FeedError::OtherLog {
+            holder: holder.to_owned(),
+            source_name: position.source.clone(),
+        };
         if position.log != log.id() {
-            return Err(FeedError::OtherLog {
-                holder: holder.to_owned(),
-                source_name: position.source.clone(),
-            });
+            return Err(other_log());
         }
         let first = log.first_seq();
-        if position.next < first {
-            return Err(FeedError::OutOfRange {
-                holder: holder.to_owned(),
-                source_name: position.source.clone(),
-                wanted: position.lsn(),
-                first_lsn: log.start_lsn().unwrap_or(Lsn::ZERO),
-                first,
-            });
+        let out_of_range = || FeedError::OutOfRange {
+            holder: holder.to_owned(),
+            source_name: position.source.clone(),
+            wanted: position.lsn(),
+            first_lsn: log.start_lsn().unwrap_or(Lsn::ZERO),
+            first,
+        };
+        let resumed = match log.resume_point(position.epoch, position.next) {
+            ResumePoint::Kept(_) => position.clone(),
+            ResumePoint::Lost { next, last_lsn } => {
+                tracing::warn!(sink = %self.sink, source = %position.source, lost_from = next, to = position.next, lsn = %last_lsn, "{holder} had read records the log lost in a crash of the machine (sent before their fsync): reading again from where the log kept them; the units from there on come again (event ids are the same)");
+                position.resumed_at(next, last_lsn, log.epoch())
+            }
+            ResumePoint::Removed => return Err(out_of_range()),
+            ResumePoint::Unknown => return Err(other_log()),
+        };
+        if resumed.next < first {
+            return Err(out_of_range());
         }
-        let head = log.head();
-        if position.next > head.next_seq {
-            tracing::warn!(sink = %self.sink, source = %position.source, "{holder} is past the end of the log (records lost in a crash?): reading from the end");
-            return Ok(TokenPosition {
-                next: head.next_seq,
-                lsn: head.last_lsn.0,
-                copied_rows: 0,
-                ..position.clone()
-            });
-        }
-        Ok(position.clone())
+        Ok(resumed)
     }
 
     /// Acknowledges to each log, per source, the lowest position a durable
-    /// consumer (within retention) or an open session still needs: the
-    /// log's end when none needs anything. Forward only.
+    /// consumer (within retention) or an open session still needs, never
+    /// past the log's durable end (sessions are sent units before their
+    /// fsync). Forward only.
     fn acknowledge_holds(&self, floors: &[(u64, Lsn)]) {
         let consumers = self.consumers.list();
         let sessions = self.sessions().clone();
@@ -223,6 +229,7 @@ impl Feed {
                 .values()
                 .flat_map(|c| c.positions.iter())
                 .filter(|p| &p.source == name && p.log == id)
+                .map(|p| p.resumed_in(&source.log))
                 .map(|p| {
                     if p.next < floor.0 {
                         floor
@@ -236,10 +243,10 @@ impl Feed {
                 .filter(|p| &p.source == name && p.log == id)
                 .map(|p| (p.next, p.lsn()));
             let head = source.log.head();
-            let (next, lsn) = durable
-                .chain(open)
-                .min_by_key(|(next, _)| *next)
-                .unwrap_or((head.next_seq, head.last_lsn));
+            let (next, lsn) = match durable.chain(open).min_by_key(|(next, _)| *next) {
+                Some(least) if least.0 < head.next_seq => least,
+                _ => (head.next_seq, head.last_lsn),
+            };
             source.context.acked.send_if_modified(|acked| {
                 let forward = next > acked.next;
                 if forward {

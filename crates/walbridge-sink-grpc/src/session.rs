@@ -11,7 +11,8 @@
 //! the window ([`Flow`]); once it began a unit it sends all of it, so a
 //! unit larger than the window goes alone, when nothing else is in flight.
 //! Its position in a source moves only at a unit's end, and that position
-//! is what the unit's token says: see the crate's documentation.
+//! is what the unit's token says: see the crate's documentation. It reads
+//! whole units before the log's fsync ([`VISIBILITY`]).
 //!
 //! What counts as a unit here: a transaction (however many log records it
 //! spans), one record of rows of the initial copy (the copy is written as
@@ -30,7 +31,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::select_all;
 use tokio::sync::{mpsc, watch};
 use tonic::Status;
-use walbridge_log::{Entry, Log, LogReader, ReadRecord};
+use walbridge_log::{Entry, Log, LogReader, ReadRecord, Visibility};
 use walbridge_sink::{SinkDelays, SourceLog};
 
 use crate::consumers::Consumers;
@@ -40,6 +41,13 @@ use crate::group::{Assignment, Groups, REBALANCE_TIMEOUT, Turn, change_partition
 use crate::metrics::SessionCounters;
 use crate::pb::{self, subscribe_response::Event};
 use crate::token::{Token, TokenPosition};
+
+/// What a session reads of its logs: whole units as soon as the log has
+/// written them, before their fsync (a transaction reaches its subscriber
+/// without waiting for the disk). The positions it hands out name the
+/// log's epoch: one a crash of the machine took records before is resumed
+/// from what the log kept ([`Log::resume_point`]).
+const VISIBILITY: Visibility = Visibility::WrittenUnits;
 
 /// The window when a subscriber asks for none.
 pub(crate) const DEFAULT_MAX_EVENTS: u64 = 10_000;
@@ -165,7 +173,7 @@ impl SessionSource {
     pub fn open(source: &SourceLog, position: TokenPosition) -> Result<SessionSource, FeedError> {
         let reader = source
             .log
-            .reader(position.next)
+            .reader_with(position.next, VISIBILITY)
             .map_err(|error| FeedError::Log {
                 source_name: source.context.name.clone(),
                 error,
@@ -444,25 +452,30 @@ impl Session {
                         .find(|t| t.source == source.name && t.log == source.log.id()),
                 )
             });
-            let mut least: Option<&TokenPosition> = None;
+            let mut least: Option<TokenPosition> = None;
             for (p, position) in held {
                 // A partition without a position in this source has read
                 // nothing of it: from where the session is.
-                let next = position.map_or(source.position.next, |t| t.next);
+                let position = position.map(|t| t.resumed_in(&source.log));
+                let next = position.as_ref().map_or(source.position.next, |t| t.next);
                 from.entry(p).or_default().push(next);
                 if let Some(t) = position
-                    && least.is_none_or(|l| t.next < l.next)
+                    && least.as_ref().is_none_or(|l| t.next < l.next)
                 {
                     least = Some(t);
                 }
             }
-            if let Some(least) = least.cloned() {
-                source.reader = source.log.reader(least.next).map_err(|error| {
-                    Err(FeedError::Log {
-                        source_name: source.name.clone(),
-                        error,
-                    })
-                })?;
+            if let Some(least) = least {
+                source.reader =
+                    source
+                        .log
+                        .reader_with(least.next, VISIBILITY)
+                        .map_err(|error| {
+                            Err(FeedError::Log {
+                                source_name: source.name.clone(),
+                                error,
+                            })
+                        })?;
                 source.position = least;
             }
         }
@@ -658,10 +671,13 @@ impl Session {
     }
 
     fn advance(&mut self, i: usize, next: u64, lsn: walbridge_core::Lsn, copied_rows: u64) {
-        let position = &mut self.sources[i].position;
+        let source = &mut self.sources[i];
+        let position = &mut source.position;
         position.next = next;
         position.lsn = lsn.0;
         position.copied_rows = copied_rows;
+        // Read in this epoch, maybe before its fsync.
+        position.epoch = source.log.epoch();
     }
 
     /// A transaction's chunks are not contiguous at record `seq`: the log

@@ -5,11 +5,14 @@
 //! subscription reads, the log's identity (a token never applies to a log
 //! recreated since), the next record to read, the publisher LSN covered,
 //! and, inside a source's initial copy, how many rows of it came before
-//! (so the rows' event ids are the same however a subscriber resumes).
+//! (so the rows' event ids are the same however a subscriber resumes),
+//! and the log's epoch then (a position taken before its records were
+//! durable is resumed from what a crash of the machine left of them).
 //! It is the protobuf encoding of [`Token`], so it only ever gains fields.
 
 use prost::Message;
 use walbridge_core::Lsn;
+use walbridge_log::{Log, ResumePoint};
 
 /// A subscription's place, per source.
 #[derive(Clone, PartialEq, Message)]
@@ -40,12 +43,42 @@ pub struct TokenPosition {
     /// Rows of the initial copy before `next`, while `next` is inside it.
     #[prost(uint64, tag = "5")]
     pub copied_rows: u64,
+    /// The log's epoch when the position was taken: a session sends units
+    /// before the log's fsync, and a crash of the machine can take them
+    /// from the log (see [`walbridge_log::Log::resume_point`]). 0 in
+    /// tokens issued before epochs were.
+    #[prost(uint64, tag = "6")]
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 impl TokenPosition {
     /// The publisher LSN covered.
     pub fn lsn(&self) -> Lsn {
         Lsn(self.lsn)
+    }
+
+    /// The position as `log` reads it now: from what the log kept of the
+    /// records before it, when a crash of the machine took some (see
+    /// [`Log::resume_point`]); as it is otherwise (a position whose records
+    /// are removed is refused where it is read).
+    pub(crate) fn resumed_in(&self, log: &Log) -> TokenPosition {
+        match log.resume_point(self.epoch, self.next) {
+            ResumePoint::Lost { next, last_lsn } => self.resumed_at(next, last_lsn, log.epoch()),
+            ResumePoint::Kept(_) | ResumePoint::Removed | ResumePoint::Unknown => self.clone(),
+        }
+    }
+
+    /// The same source's position at `next` (a unit boundary) in `epoch`,
+    /// covering `lsn`.
+    pub(crate) fn resumed_at(&self, next: u64, lsn: Lsn, epoch: u64) -> TokenPosition {
+        TokenPosition {
+            next,
+            lsn: lsn.0,
+            copied_rows: 0,
+            epoch,
+            ..self.clone()
+        }
     }
 }
 
@@ -85,6 +118,7 @@ mod tests {
                 next: 42,
                 lsn: 0x16_B374_D848,
                 copied_rows: 0,
+                epoch: 2,
             }],
             generation: 3,
         };
