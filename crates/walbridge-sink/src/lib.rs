@@ -325,8 +325,14 @@ pub fn starts_from_cursor(sink: &str, cursor: &CursorState, logs: &[SourceLog]) 
 }
 
 /// Where a sink starts reading `log` from its stored cursor: the stored
-/// position when it is this log's, else the oldest record kept (saying
-/// why when that is not what the sink expects).
+/// position when it is this log's (the log's end when past it), else the
+/// oldest record kept (saying why when that is not what the sink
+/// expects).
+///
+/// A position past the end is one taken before a crash of the machine
+/// took the records before it from the log (a feed's consumer is sent
+/// units before their fsync): the log was just opened, at the end that
+/// survived, and the publisher sends what it lost again from there.
 pub fn start_from_cursor(
     sink: &str,
     source: &str,
@@ -335,7 +341,19 @@ pub fn start_from_cursor(
 ) -> u64 {
     let first = log.first_seq();
     match stored {
-        Some(p) if p.log == log.id() => p.next,
+        Some(p) if p.log == log.id() => {
+            let end = log.head().next_seq;
+            if p.next > end {
+                tracing::warn!(
+                    sink,
+                    source,
+                    stored = p.next,
+                    end,
+                    "the sink's cursor is past the end of the log: records before it were lost with the machine before their fsync; reading from the end (the publisher sends them again)"
+                );
+            }
+            p.next.min(end)
+        }
         Some(_) => {
             tracing::warn!(
                 sink,
@@ -443,4 +461,47 @@ pub fn probe_writable(dir: &Path) -> std::io::Result<()> {
             )
         })?;
     std::fs::remove_file(&probe)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use walbridge_log::LogOptions;
+
+    fn ok<T, E: std::fmt::Display>(r: Result<T, E>) -> T {
+        r.unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[tokio::test]
+    async fn a_cursor_starts_where_it_is_stored_or_at_the_end_of_a_log_that_lost_its_records() {
+        let dir = ok(tempfile::tempdir());
+        let (log, writer, _) = ok(Log::open(dir.path(), LogOptions::default()));
+        for i in 0..6u64 {
+            let message = walbridge_core::LogicalMessage {
+                lsn: walbridge_core::Lsn(100 + i),
+                transactional: false,
+                prefix: "test".into(),
+                content: Default::default(),
+            };
+            let payload = walbridge_log::RecordEncoder::default().message(&message);
+            ok(writer
+                .append(payload, walbridge_core::Lsn(100 + i), true)
+                .await);
+        }
+        ok(writer.close().await);
+        let at = |next| CursorPosition {
+            log: log.id().to_owned(),
+            next,
+        };
+        let start = |stored: Option<&CursorPosition>| start_from_cursor("s", "src", stored, &log);
+        assert_eq!(start(Some(&at(4))), 4);
+        assert_eq!(start(Some(&at(6))), 6);
+        assert_eq!(start(Some(&at(9))), 6, "past the end: from the end");
+        let other = CursorPosition {
+            log: "another".into(),
+            next: 4,
+        };
+        assert_eq!(start(Some(&other)), 0);
+        assert_eq!(start(None), 0);
+    }
 }
