@@ -91,6 +91,16 @@ impl Epochs {
             Err(e) => return Err(LogError::io("read", &path)(e)),
         };
         let epoch = starts.last().map_or(1, |s| s.epoch + 1);
+        if starts.last().is_some_and(|s| s.next_seq > next_seq) {
+            // Records that were durable are gone (removed by hand, or a
+            // disk that lost what it had fsynced): every earlier epoch's
+            // positions past the end are lost too.
+            tracing::warn!(log = %dir.display(), end = next_seq, "the log ends before where an earlier opening began: records it held durably are gone");
+            for start in starts.iter_mut().filter(|s| s.next_seq > next_seq) {
+                start.next_seq = next_seq;
+                start.last_lsn = last_lsn;
+            }
+        }
         starts.push(EpochStart {
             epoch,
             next_seq,
@@ -249,6 +259,24 @@ mod tests {
         );
         // Read back as written: the next opening is epoch 5.
         assert_eq!(ok(Epochs::begin(dir.path(), 20, Lsn(200), 10)).current(), 5);
+    }
+
+    #[test]
+    fn a_log_that_ends_before_an_earlier_epoch_began_loses_every_position_past_its_end() {
+        let dir = ok(tempfile::tempdir());
+        ok(Epochs::begin(dir.path(), 0, Lsn(0), 0));
+        ok(Epochs::begin(dir.path(), 6, Lsn(60), 0));
+        // Records 3..6, durable, are gone.
+        let epochs = ok(Epochs::begin(dir.path(), 3, Lsn(30), 0));
+        let lost_at_3 = ResumePoint::Lost {
+            next: 3,
+            last_lsn: Lsn(30),
+        };
+        assert_eq!(epochs.resume_point(1, 5), lost_at_3);
+        assert_eq!(epochs.resume_point(2, 7), lost_at_3);
+        assert_eq!(epochs.resume_point(1, 2), ResumePoint::Kept(2));
+        // Still a file that reads back.
+        assert_eq!(ok(Epochs::begin(dir.path(), 3, Lsn(30), 0)).current(), 4);
     }
 
     #[test]

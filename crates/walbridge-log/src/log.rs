@@ -362,7 +362,8 @@ impl Log {
             bases.push(0);
         }
         let (tail, last_lsn) = recover_tail(dir, &mut bases, &options, &mut recovery)?;
-        let epochs = Epochs::begin(dir, tail.next_seq, last_lsn, bases[0])?;
+        let first_seq = *bases.first().unwrap_or(&tail.next_seq);
+        let epochs = Epochs::begin(dir, tail.next_seq, last_lsn, first_seq)?;
         for (i, &base) in bases.iter().enumerate() {
             let path = segment_path(dir, base);
             let meta = std::fs::metadata(&path).map_err(LogError::io("stat", &path))?;
