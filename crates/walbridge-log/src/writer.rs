@@ -1078,8 +1078,9 @@ impl WriterState {
         send_if_moved(&self.shared.written, written);
         send_if_moved(&self.shared.durable, to.tail);
         if to.unit_tail.next_seq > head {
-            self.shared.head.send_replace(to.unit_tail);
+            // The LSN first: whoever the head wakes finds it moved too.
             send_if_moved(&self.shared.last_lsn, to.unit_tail.last_lsn);
+            self.shared.head.send_replace(to.unit_tail);
         }
         self.shared.move_written_units();
     }
