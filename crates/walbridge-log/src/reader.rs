@@ -38,7 +38,7 @@ pub struct ReadRecord {
 /// is one record plus a read buffer, whatever the log's size.
 ///
 /// Once it has read everything readable it takes what follows from the
-/// writer, in memory, while it keeps up ([`crate::handoff`]), and from the
+/// writer, in memory, while it keeps up (the hand-off, `handoff.rs`), and from the
 /// file otherwise.
 #[derive(Debug)]
 pub struct LogReader {

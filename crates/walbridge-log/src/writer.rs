@@ -258,7 +258,7 @@ impl LogWriter {
 
     /// Queues a record that is a whole unit by itself, with what it holds:
     /// readers that have caught up take `entry` from memory instead of
-    /// reading and decoding the record ([`crate::handoff`]). `entry` must be
+    /// reading and decoding the record (the hand-off, `handoff.rs`). `entry` must be
     /// what decoding `payload` gives.
     pub async fn append_unit(
         &self,

@@ -1,7 +1,7 @@
 //! Consumer groups: which member reads which partitions, and rebalancing.
 //!
 //! A group's changes are spread over its partitions by a hash of the row's
-//! key ([`partition_of`]); each partition has its own stored position
+//! key ([`row_partition`]); each partition has its own stored position
 //! (see [`crate::consumers`]). The members of a group share the
 //! partitions, one member per partition, in generations:
 //!
