@@ -229,14 +229,8 @@ impl Feed {
                 .values()
                 .flat_map(|c| c.positions.iter())
                 .filter(|p| &p.source == name && p.log == id)
-                .map(|p| p.resumed_in(&source.log))
-                .map(|p| {
-                    if p.next < floor.0 {
-                        floor
-                    } else {
-                        (p.next, p.lsn())
-                    }
-                });
+                .map(|p| p.place_in(&source.log))
+                .map(|(next, lsn)| if next < floor.0 { floor } else { (next, lsn) });
             let open = sessions
                 .values()
                 .flatten()

@@ -58,14 +58,26 @@ impl TokenPosition {
         Lsn(self.lsn)
     }
 
-    /// The position as `log` reads it now: from what the log kept of the
-    /// records before it, when a crash of the machine took some (see
-    /// [`Log::resume_point`]); as it is otherwise (a position whose records
-    /// are removed is refused where it is read).
-    pub(crate) fn resumed_in(&self, log: &Log) -> TokenPosition {
+    /// Where the position reads from in `log` now, `(next, lsn)`: from
+    /// what the log kept of the records before it, when a crash of the
+    /// machine took some (see [`Log::resume_point`]); itself otherwise (a
+    /// position whose records are removed is refused where it is read).
+    /// Allocates nothing: the feed asks it of every durable consumer each
+    /// time a log's end moves.
+    pub(crate) fn place_in(&self, log: &Log) -> (u64, Lsn) {
         match log.resume_point(self.epoch, self.next) {
-            ResumePoint::Lost { next, last_lsn } => self.resumed_at(next, last_lsn, log.epoch()),
-            ResumePoint::Kept(_) | ResumePoint::Removed | ResumePoint::Unknown => self.clone(),
+            ResumePoint::Lost { next, last_lsn } => (next, last_lsn),
+            ResumePoint::Kept(_) | ResumePoint::Removed | ResumePoint::Unknown => {
+                (self.next, self.lsn())
+            }
+        }
+    }
+
+    /// The position as `log` reads it now (see [`TokenPosition::place_in`]).
+    pub(crate) fn resumed_in(&self, log: &Log) -> TokenPosition {
+        match self.place_in(log) {
+            (next, _) if next == self.next => self.clone(),
+            (next, lsn) => self.resumed_at(next, lsn, log.epoch()),
         }
     }
 
